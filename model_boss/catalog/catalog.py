@@ -1,0 +1,78 @@
+"""Catalog: the manifests by id and alias, with each model's availability."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelNotFound, ModelUnavailable
+from .manifest import BackendKind, ModelManifest
+
+
+@dataclass(slots=True)
+class CatalogEntry:
+    manifest: ModelManifest
+    path: Path | None
+    unavailable_reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason is None
+
+
+class Catalog:
+    """Resolves names (id or alias) to entries; knows which models cannot be served and why."""
+
+    def __init__(self, manifests: list[ModelManifest], models_dir: Path) -> None:
+        self._entries: dict[str, CatalogEntry] = {}
+        self._names: dict[str, str] = {}
+        for manifest in manifests:
+            path = manifest.resolved_path(models_dir)
+            entry = CatalogEntry(manifest, path, _unavailable_reason(manifest, path))
+            self._entries[manifest.id] = entry
+            for name in manifest.names:
+                self._names[name] = manifest.id
+
+    def __iter__(self):
+        return iter(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def find(self, name: str) -> CatalogEntry | None:
+        model_id = self._names.get(name)
+        return self._entries[model_id] if model_id else None
+
+    def get(self, name: str) -> CatalogEntry:
+        """The entry for ``name``; 404 when unknown."""
+        entry = self.find(name)
+        if entry is None:
+            raise ModelNotFound(f"The model '{name}' does not exist", param="model")
+        return entry
+
+    def get_available(self, name: str) -> CatalogEntry:
+        """The entry for ``name``; 404 when unknown, 503 with the reason when unservable."""
+        entry = self.get(name)
+        entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path)
+        if entry.unavailable_reason:
+            raise ModelUnavailable(
+                f"The model '{entry.manifest.id}' is unavailable: {entry.unavailable_reason}",
+                param="model",
+            )
+        return entry
+
+
+def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | None:
+    if manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS):
+        if path is None:
+            return "manifest has no path"
+        if not path.exists():
+            return f"model file not found: {path}"
+    if manifest.backend == BackendKind.COMMAND and not manifest.command:
+        return "manifest has no command"
+    if manifest.backend == BackendKind.CLOUD and not manifest.base_url:
+        return "manifest has no base_url"
+    return None

@@ -1,0 +1,154 @@
+"""ModelManifest: one servable model, read from YAML files in the manifests directory."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import ConfigError
+from ..settings import describe_validation_error
+
+
+class Category(StrEnum):
+    LLM = "llm"
+    DIFFUSION = "diffusion"
+    VISION = "vision"
+    TTS = "tts"
+    EMBEDDING = "embedding"
+
+
+class BackendKind(StrEnum):
+    LLAMA_SERVER = "llama-server"
+    DIFFUSERS = "diffusers"
+    CLOUD = "cloud"
+    COMMAND = "command"
+
+
+class ModelManifest(BaseModel):
+    """What model-boss needs to serve one model. Worker arguments come only from here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+    aliases: list[str] = Field(default_factory=list)
+    category: Category = Category.LLM
+    backend: BackendKind = BackendKind.LLAMA_SERVER
+    path: str | None = None
+    vram_mb: int | None = Field(default=None, gt=0)
+    pin: bool = False
+    stay_warm_s: float | None = None
+    priority: int | None = Field(default=None, ge=0, le=100)
+    chat_template: str | None = None
+    thinking: bool | None = None
+    ctx_size: int = Field(default=2048, ge=64)
+    gpu_layers: int | str = "auto"
+    allow_partial: bool = False
+    min_gpu_layers: int = Field(default=0, ge=0)
+    parallel: int = Field(default=1, ge=1, le=64)
+    flash_attn: bool = False
+    threads: int | None = Field(default=None, ge=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    # diffusers
+    dtype: str = "auto"
+    offload: str = "none"
+    vae_mb_per_512px: float = Field(default=1600.0, gt=0)
+    allow_cpu_vae: bool = True
+    # cloud / command
+    base_url: str | None = None
+    api_key_env: str | None = None
+    remote_model: str | None = None
+    command: list[str] = Field(default_factory=list)
+    health_path: str = "/health"
+    # filled in by the loader, never from YAML
+    source_file: str | None = Field(default=None, exclude=True)
+
+    @field_validator("gpu_layers")
+    @classmethod
+    def _gpu_layers(cls, value: int | str) -> int | str:
+        if isinstance(value, str) and value != "auto":
+            raise ValueError("must be an integer or 'auto'")
+        if isinstance(value, int) and value < -1:
+            raise ValueError("must be >= -1 (-1 = all layers)")
+        return value
+
+    @field_validator("offload")
+    @classmethod
+    def _offload(cls, value: str) -> str:
+        allowed = {"none", "model", "sequential", "group", "balanced"}
+        if value not in allowed:
+            raise ValueError(f"must be one of {sorted(allowed)}")
+        return value
+
+    def resolved_path(self, models_dir: Path) -> Path | None:
+        """Absolute model path: ``~`` expanded, relative paths under ``models_dir``."""
+        if not self.path:
+            return None
+        path = Path(self.path).expanduser()
+        return path if path.is_absolute() else (models_dir / path)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.id, *self.aliases]
+
+
+def _manifest_files(sources: list[Path]) -> list[Path]:
+    files: list[Path] = []
+    for source in sources:
+        source = source.expanduser()
+        if source.is_dir():
+            files.extend(sorted(p for p in source.iterdir() if p.suffix in (".yaml", ".yml")))
+        elif source.is_file():
+            files.append(source)
+        else:
+            raise ConfigError(f"{source}: manifests: no such file or directory")
+    return files
+
+
+def parse_manifest_text(text: str, source: str = "<string>") -> list[ModelManifest]:
+    """Parse one manifest file's text: a mapping, a list, or ``{models: [...]}``."""
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if data is None:
+        return []
+    if isinstance(data, dict) and "models" in data and "id" not in data:
+        data = data["models"]
+    entries = data if isinstance(data, list) else [data]
+    manifests = []
+    for position, entry in enumerate(entries):
+        where = source if len(entries) == 1 else f"{source} [model {position}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+        try:
+            manifest = ModelManifest.model_validate(entry)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(where, exc)) from exc
+        manifest.source_file = source
+        manifests.append(manifest)
+    return manifests
+
+
+def load_manifests(sources: list[Path]) -> list[ModelManifest]:
+    """Read every manifest file; duplicate ids or aliases stop startup naming both files."""
+    manifests: list[ModelManifest] = []
+    seen: dict[str, str] = {}
+    for file in _manifest_files(sources):
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from exc
+        for manifest in parse_manifest_text(text, str(file)):
+            for name in manifest.names:
+                if name in seen:
+                    raise ConfigError(
+                        f"{file}: id/aliases: '{name}' is already defined in {seen[name]}"
+                    )
+                seen[name] = str(file)
+            manifests.append(manifest)
+    return manifests

@@ -1,0 +1,145 @@
+"""``model-boss serve | ps | load | unload | pin | unpin | config | leases | events``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import httpx
+
+from .errors import ConfigError
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .api.app import create_app
+    from .coordinator import Coordinator
+    from .settings import load_settings
+
+    overrides = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    try:
+        settings = load_settings(args.config, **overrides)
+        coordinator = Coordinator(settings)
+    except ConfigError as exc:
+        print(f"model-boss: configuration error: {exc.message}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(coordinator=coordinator)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+                timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
+    return 0
+
+
+def _url(args: argparse.Namespace) -> str:
+    return args.url.rstrip("/")
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("MODEL_BOSS_ADMIN_API_KEY") or os.environ.get("MODEL_BOSS_API_KEY")
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+def _call(method: str, args: argparse.Namespace, path: str, body: dict | None = None) -> int:
+    try:
+        response = httpx.request(method, _url(args) + path, json=body, headers=_headers(),
+                                 timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps(response.json(), indent=2))
+    except ValueError:
+        print(response.text)
+    return 0 if response.status_code < 400 else 1
+
+
+def _ps(args: argparse.Namespace) -> int:
+    try:
+        data = httpx.get(_url(args) + "/api/v1/status", headers=_headers(), timeout=10).json()
+    except httpx.HTTPError as exc:
+        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{'GPU':<5}{'NAME':<22}{'CAPACITY':>10}{'LEASED':>10}{'FREE':>10}")
+    for g in data["gpus"]:
+        print(f"{g['index']:<5}{g['name'][:21]:<22}{g['capacity_mb']:>10}{g['leased_mb']:>10}"
+              f"{g['free_mb']:>10}")
+    print()
+    print(f"{'MODEL':<28}{'STATE':<11}{'VRAM MB':>8} {'FROM':<10}{'PID':>8}{'ACTIVE':>7}  "
+          "PLACEMENT")
+    for s in data["slots"]:
+        est = s.get("vram_estimate") or {}
+        placement = s.get("placement") or {}
+        where = placement.get("kind", "-")
+        if placement.get("gpu_layers") is not None and placement.get("total_layers"):
+            share = placement["gpu_layers"] / placement["total_layers"]
+            where = f"{round((1 - share) * 100)}%/{round(share * 100)}% CPU/GPU"
+        print(f"{s['model'][:27]:<28}{s['state']:<11}{est.get('mb', '-'):>8} "
+              f"{est.get('rung', '-'):<10}{s['pid'] or '-':>8}{s['active_requests']:>7}  {where}")
+    print(f"\nqueue depth: {data['queue']['depth']}   leases: {len(data['leases'])}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="model-boss")
+    parser.add_argument("--url", default=os.environ.get("MODEL_BOSS_URL",
+                                                        "http://127.0.0.1:8210"))
+    parser.add_argument("--timeout", type=float, default=600.0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", help="YAML settings file (or MODEL_BOSS_CONFIG)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    sub.add_parser("ps", help="GPUs and slots of a running daemon")
+    sub.add_parser("status", help="the full status document as JSON")
+    for name in ("load", "unload", "pin", "unpin"):
+        sub.add_parser(name, help=f"{name} a model").add_argument("model")
+    config = sub.add_parser("config", help="show or change runtime config")
+    config.add_argument("assignments", nargs="*", help="key=value (true/false/numbers)")
+    leases = sub.add_parser("leases", help="list, take or release GPU leases")
+    leases.add_argument("action", nargs="?", choices=["list", "acquire", "release"],
+                        default="list")
+    leases.add_argument("--vram-mb", type=int)
+    leases.add_argument("--gpu", type=int)
+    leases.add_argument("--kind", default="external")
+    leases.add_argument("--ttl-s", type=float)
+    leases.add_argument("--id")
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "ps":
+        return _ps(args)
+    if args.command == "status":
+        return _call("GET", args, "/api/v1/status")
+    if args.command in ("load", "unload", "pin", "unpin"):
+        return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
+    if args.command == "config":
+        if not args.assignments:
+            return _call("GET", args, "/api/v1/config")
+        body = {}
+        for item in args.assignments:
+            key, _, value = item.partition("=")
+            body[key] = json.loads(value) if value in ("true", "false") or \
+                value.replace(".", "", 1).isdigit() else value
+        return _call("PUT", args, "/api/v1/config", body)
+    if args.action == "acquire":
+        body = {"vram_mb": args.vram_mb, "gpu": args.gpu, "kind": args.kind,
+                "ttl_s": args.ttl_s}
+        return _call("POST", args, "/api/v1/leases", {k: v for k, v in body.items()
+                                                      if v is not None})
+    if args.action == "release":
+        return _call("DELETE", args, f"/api/v1/leases/{args.id}")
+    return _call("GET", args, "/api/v1/leases")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

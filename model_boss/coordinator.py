@@ -1,0 +1,113 @@
+"""Coordinator: builds catalog, GPUBoss, pool and queue from settings; owns their loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from .catalog import Catalog, load_manifests
+from .events import EventBus
+from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
+from .gpu.lease import LeaseStore
+from .inference import InferenceQueue, ModelPool, SlotState
+from .inference.pool import BackendFactory, default_backend_factory
+from .inference.process import reap_orphans
+from .metrics import Metrics
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    """Everything one daemon runs. ``start()`` / ``stop()`` bracket its life."""
+
+    def __init__(self, settings: Settings, *,
+                 backend_factory: BackendFactory = default_backend_factory) -> None:
+        self.settings = settings
+        self.events = EventBus()
+        self.metrics = Metrics()
+        self.started_at = time.time()
+        self.catalog = Catalog(load_manifests(settings.manifests), settings.models_path)
+        self.nvml = open_nvml() if settings.use_nvml else None
+        self.gpus = discover_gpus(settings.gpus, self.nvml)
+        self.store = self._make_store()
+        self.boss = GPUBoss(self.store, self.gpus, margin_mb=settings.vram_margin_mb,
+                            nvml=self.nvml, ttl_s=settings.lease_ttl_s)
+        self.pool = ModelPool(self.catalog, self.boss, settings, self.events,
+                              backend_factory=backend_factory)
+        self.queue = InferenceQueue(self.pool, settings, self.events)
+        self._loops: list[asyncio.Task] = []
+
+    def _make_store(self) -> LeaseStore:
+        if self.settings.redis_url:
+            from .gpu.redis_store import RedisLeaseStore
+
+            return RedisLeaseStore(self.settings.redis_url)
+        return EmbeddedLeaseStore()
+
+    async def start(self) -> None:
+        state = self.settings.state_path
+        state.mkdir(parents=True, exist_ok=True)
+        reaped = reap_orphans(state / "workers")
+        if reaped:
+            self.events.emit("orphans_reaped", pids=reaped)
+        source = self.gpus[0].source if self.gpus else "none"
+        gpus = ", ".join(f"{g.index}:{g.name}:{g.vram_mb}MB" for g in self.gpus)
+        if source == "declared":
+            log.warning("no NVIDIA GPU found: using declared (simulated) GPUs %s; workers run "
+                        "on the CPU", gpus)
+        else:
+            log.info("GPUs from NVML: %s", gpus)
+        log.info("lease store: %s", "redis " + self.settings.redis_url
+                 if self.settings.redis_url else "embedded (no Redis)")
+        for entry in self.catalog:
+            if not entry.available:
+                log.warning("model '%s' (%s) is unavailable: %s", entry.manifest.id,
+                            entry.manifest.source_file, entry.unavailable_reason)
+        await self.boss.publish_inventory()
+        self._loops = [
+            asyncio.create_task(self.queue.run(), name="queue"),
+            asyncio.create_task(self.pool.reaper(), name="reaper"),
+        ]
+        self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
+                         models=len(self.catalog))
+
+    async def stop(self) -> None:
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(BaseException):
+                await task
+        await self.pool.shutdown()
+        await self.boss.close(release_held=True)
+        self.events.emit("stopped")
+
+    async def refresh_metrics(self) -> None:
+        m = self.metrics
+        m.queue_depth.set(self.queue.depth)
+        for usage in await self.boss.usage():
+            m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)
+            m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
+        for slot in self.pool.slots.values():
+            for state in SlotState:
+                m.slot_state.labels(slot.model_id, str(state)).set(
+                    1 if slot.state == state else 0)
+
+    async def status(self) -> dict:
+        usage = await self.boss.usage()
+        leases = await self.boss.leases()
+        return {
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "lease_store": "redis" if self.settings.redis_url else "embedded",
+            "gpus": [u.to_dict() for u in usage],
+            "slots": self.pool.status(),
+            "queue": self.queue.status(),
+            "leases": [lease.to_dict() for lease in leases],
+            "models": [
+                {"id": e.manifest.id, "available": e.available,
+                 "unavailable_reason": e.unavailable_reason}
+                for e in self.catalog
+            ],
+        }

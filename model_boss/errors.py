@@ -1,0 +1,168 @@
+"""The errors model-boss raises, each carrying its HTTP status and OpenAI envelope fields.
+
+Lower layers (httpx, redis, subprocess) are converted into these at the boundary with
+``raise X from exc`` so the rest of the code and every client see one hierarchy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ModelBossError(Exception):
+    """Base error: rendered as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status_code is not None:
+            self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, int(round(self.retry_after_s))))}
+
+
+class ConfigError(ModelBossError):
+    """A settings file, manifest or tasks file is wrong; the message names file and field."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_config"
+
+
+class BadRequest(ModelBossError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Forbidden(ModelBossError):
+    status_code = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class Unauthorized(ModelBossError):
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(ModelBossError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NotFound(ModelBossError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(ModelBossError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class ModelUnavailable(ModelBossError):
+    """The model is known but cannot be served (missing file, disabled)."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "model_unavailable"
+
+
+class LoadFailed(ModelBossError):
+    """The worker could not be started or never became healthy."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "model_load_failed"
+
+
+class WorkerCrashed(ModelBossError):
+    """The worker died or broke the connection while serving a request."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "worker_failed"
+
+
+class UpstreamError(ModelBossError):
+    """The worker (or a cloud remote) answered with an error status."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "upstream_error"
+
+
+class CapacityExceeded(ModelBossError):
+    """No room now and none expected within the request's wait limit."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "capacity_exceeded"
+
+
+class BudgetExceeded(ModelBossError):
+    status_code = 503
+    error_type = "server_error"
+    code = "budget_exceeded"
+
+
+class RateLimited(ModelBossError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limited"
+
+
+class LeaseUnavailable(ModelBossError):
+    """GPUBoss could not grant a lease: not enough free VRAM on the GPUs asked for."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "lease_unavailable"
+
+
+class LeaseNotFound(ModelBossError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "lease_not_found"
+
+
+class StoreUnavailable(ModelBossError):
+    """The lease store (Redis) cannot be reached."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "store_unavailable"

@@ -1,0 +1,86 @@
+"""VRAM estimation chain: the first rung that answers wins, and says which rung it was."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..catalog.manifest import ModelManifest
+
+GGUF_FACTOR = 1.1
+SAFETENSORS_FACTOR = 1.3
+_PARAMS = re.compile(r"(?<![a-z0-9])(\d+(?:\.\d+)?)\s*([bm])(?![a-z])", re.IGNORECASE)
+_QUANT_BYTES = {  # bytes per parameter by quantisation tag in a file name
+    "q2": 0.35, "q3": 0.45, "q4": 0.6, "q5": 0.7, "q6": 0.82, "q8": 1.07,
+    "f16": 2.0, "fp16": 2.0, "bf16": 2.0, "f32": 4.0, "fp32": 4.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VramEstimate:
+    mb: int
+    rung: str  # measured | manifest | file | file_size | name | default
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"mb": self.mb, "rung": self.rung, "detail": self.detail}
+
+
+def _dir_size(path: Path, suffixes: tuple[str, ...]) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
+def from_file_size(path: Path | None) -> VramEstimate | None:
+    """GGUF size × 1.1, safetensors (file or directory of them) × 1.3."""
+    if path is None or not path.exists():
+        return None
+    if path.is_file() and path.suffix == ".gguf":
+        size = path.stat().st_size
+        return VramEstimate(int(size * GGUF_FACTOR / 2**20) + 1, "file_size",
+                            f"{size} bytes GGUF x {GGUF_FACTOR}")
+    if path.is_dir():
+        size = _dir_size(path, (".safetensors", ".bin"))
+    elif path.suffix in (".safetensors", ".bin"):
+        size = path.stat().st_size
+    else:
+        return None
+    if size == 0:
+        return None
+    return VramEstimate(int(size * SAFETENSORS_FACTOR / 2**20) + 1, "file_size",
+                        f"{size} bytes of weights x {SAFETENSORS_FACTOR}")
+
+
+def from_name(name: str) -> VramEstimate | None:
+    """"llama-7b-q4_k_m" → 7e9 parameters × 0.6 bytes; no size in the name → None."""
+    match = _PARAMS.search(name)
+    if not match:
+        return None
+    count = float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6)
+    lowered = name.lower()
+    per_param = next((b for tag, b in _QUANT_BYTES.items() if tag in lowered), 2.0)
+    mb = int(count * per_param * 1.2 / 2**20) + 1
+    return VramEstimate(mb, "name", f"{match.group(0)} params x {per_param} B x 1.2")
+
+
+def estimate_vram(
+    manifest: ModelManifest,
+    path: Path | None,
+    *,
+    measured_mb: int | None = None,
+    file_estimator=None,
+) -> VramEstimate:
+    """measured → manifest ``vram_mb`` → the file's own metadata → file size → name → 1 GB."""
+    if measured_mb:
+        return VramEstimate(int(measured_mb), "measured", "reported after a previous load")
+    if manifest.vram_mb:
+        return VramEstimate(manifest.vram_mb, "manifest", "vram_mb in the manifest")
+    if file_estimator is not None and path is not None:
+        found = file_estimator(manifest, path)
+        if found is not None:
+            return found
+    for rung in (from_file_size(path), from_name(Path(manifest.path or "").name),
+                 from_name(manifest.id)):
+        if rung is not None:
+            return rung
+    return VramEstimate(1024, "default", "nothing known; assumed 1 GB")

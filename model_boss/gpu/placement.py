@@ -1,0 +1,73 @@
+"""Placement: which GPUs a model goes on and how it is split. Pure functions over numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a model goes. ``allocations`` = GPU index → MB to lease there."""
+
+    allocations: dict[int, int]
+    kind: str  # single | split | partial
+    tensor_split: tuple[float, ...] = ()
+    gpu_layers: int | None = None  # None = all layers
+    total_layers: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> list[int]:
+        return sorted(self.allocations)
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(i) for i in self.gpus)
+
+    def to_dict(self) -> dict:
+        return {
+            "allocations": {str(k): v for k, v in self.allocations.items()},
+            "kind": self.kind,
+            "tensor_split": list(self.tensor_split),
+            "gpu_layers": self.gpu_layers,
+            "total_layers": self.total_layers,
+        }
+
+
+def place_single(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
+    """The one GPU with the most effective free VRAM, if the model fits there."""
+    if not free_mb:
+        return None
+    best = max(free_mb, key=lambda i: (free_mb[i], -i))
+    if free_mb[best] >= need_mb:
+        return Placement({best: need_mb}, "single")
+    return None
+
+
+def place_split(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
+    """A split proportional to each GPU's effective free VRAM, if all together hold it."""
+    usable = {i: mb for i, mb in sorted(free_mb.items()) if mb > 0}
+    total = sum(usable.values())
+    if len(usable) < 2 or total < need_mb:
+        return None
+    allocations: dict[int, int] = {}
+    remaining = need_mb
+    indices = sorted(usable)
+    for position, index in enumerate(indices):
+        share = remaining if position == len(indices) - 1 else round(need_mb * usable[index] / total)
+        share = min(share, usable[index])
+        allocations[index] = share
+        remaining -= share
+    if remaining > 0:
+        return None
+    allocations = {i: mb for i, mb in allocations.items() if mb > 0}
+    ratios = tuple(round(allocations.get(i, 0) / need_mb, 4) for i in indices
+                   if i in allocations)
+    return Placement(allocations, "split", tensor_split=ratios)
+
+
+def place(need_mb: int, free_mb: dict[int, int], *, allow_split: bool = True) -> Placement | None:
+    """Single GPU first; else a proportional split across GPUs; else None."""
+    return place_single(need_mb, free_mb) or (
+        place_split(need_mb, free_mb) if allow_split else None
+    )

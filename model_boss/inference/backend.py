@@ -1,0 +1,235 @@
+"""InferenceBackend: the protocol every worker kind speaks, and the HTTP-worker base class."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from ..catalog import CatalogEntry
+from ..errors import LoadFailed, ModelBossError, UpstreamError, WorkerCrashed
+from ..gpu.placement import Placement
+from ..settings import Settings
+from .process import WorkerProcess
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """A worker's answer: a whole body, or a stream of raw chunks passed through as they come."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    stream: AsyncIterator[bytes] | None = None
+
+    def json(self) -> Any:
+        return orjson.loads(self.body or b"null")
+
+
+class InferenceBackend(Protocol):
+    """What the pool needs from a worker kind."""
+
+    needs_vram: bool
+    can_offload: bool
+    on_exit: Callable[[int], None] | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def start(self, port: int, placement: Placement | None) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def health_check(self) -> bool: ...
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse: ...
+
+    async def offload(self) -> dict[str, Any]: ...
+
+    async def onload(self) -> dict[str, Any]: ...
+
+    async def report(self) -> dict[str, Any]: ...
+
+
+class HttpWorkerBackend:
+    """A worker that is a local HTTP server we spawn: start, health-poll, proxy, stop.
+
+    Subclasses say how to build the command line (:meth:`argv`) and where health lives.
+    """
+
+    needs_vram = True
+    can_offload = False
+    health_path = "/health"
+
+    def __init__(self, entry: CatalogEntry, settings: Settings) -> None:
+        self.entry = entry
+        self.manifest = entry.manifest
+        self.settings = settings
+        self.port: int | None = None
+        self.process: WorkerProcess | None = None
+        self.on_exit: Callable[[int], None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.manifest.env)
+        env["CUDA_VISIBLE_DEVICES"] = placement.cuda_visible_devices if placement else ""
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    async def start(self, port: int, placement: Placement | None) -> None:
+        self.port = port
+        state = self.settings.state_path
+        self.process = WorkerProcess(
+            self.manifest.id, self.argv(port, placement), env=self.environment(placement),
+            pid_dir=state / "workers", log_file=state / "logs" / f"{_safe(self.manifest.id)}.log",
+        )
+        self.process.on_exit = self._exited
+        self._client = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+        try:
+            await self.process.start()
+            await self._wait_healthy(self.settings.health_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _exited(self, code: int) -> None:
+        if self.on_exit:
+            self.on_exit(code)
+
+    async def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if not self.process.running:
+                await asyncio.sleep(0.1)  # let the output reader drain
+                raise LoadFailed(
+                    f"worker for '{self.manifest.id}' exited with {self.process.returncode} "
+                    f"while loading: {self._tail_text()}")
+            if await self.health_check():
+                return
+            await asyncio.sleep(0.1)
+        raise LoadFailed(f"worker for '{self.manifest.id}' did not become healthy within "
+                         f"{timeout_s:.0f}s: {self._tail_text()}", retry_after_s=10)
+
+    def _tail_text(self, lines: int = 5) -> str:
+        tail = [line for line in (self.process.tail() if self.process else []) if line.strip()]
+        return " | ".join(tail[-lines:]) or "(no output)"
+
+    async def health_check(self) -> bool:
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get(self.health_path, timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            await self.process.stop(self.settings.stop_grace_s)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def crashed(self, exc: Exception) -> WorkerCrashed:
+        code = self.process.returncode if self.process else None
+        state = f"exited with {code}" if code is not None else "broke the connection"
+        last = self.process.last_line() if self.process else ""
+        return WorkerCrashed(f"worker for '{self.manifest.id}' {state} ({type(exc).__name__}); "
+                             f"last worker output: {last or '(none)'}")
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        return await self.proxy("POST", endpoint, body, stream)
+
+    async def proxy(self, method: str, path: str, body: dict[str, Any] | None,
+                    stream: bool) -> UpstreamResponse:
+        if self._client is None:
+            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
+        content = orjson.dumps(body) if body is not None else None
+        request = self._client.build_request(
+            method, path, content=content, headers={"content-type": "application/json"})
+        try:
+            response = await self._client.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self.crashed(exc) from exc
+        if response.status_code >= 400:
+            try:
+                raw = await response.aread()
+            except httpx.TransportError as exc:
+                raise self.crashed(exc) from exc
+            finally:
+                await response.aclose()
+            raise upstream_error(self.manifest.id, response.status_code, raw)
+        headers = {"content-type": response.headers.get("content-type", "application/json")}
+        if not stream:
+            return UpstreamResponse(response.status_code, headers, body=response.content)
+        return UpstreamResponse(response.status_code, headers, stream=self._chunks(response))
+
+    async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.TransportError as exc:
+            raise self.crashed(exc) from exc
+        finally:
+            await response.aclose()
+
+    async def offload(self) -> dict[str, Any]:
+        raise ModelBossError(f"'{self.manifest.id}' cannot be offloaded to CPU RAM",
+                             status_code=400, code="offload_unsupported")
+
+    async def onload(self) -> dict[str, Any]:
+        raise ModelBossError(f"'{self.manifest.id}' cannot be onloaded",
+                             status_code=400, code="offload_unsupported")
+
+    async def report(self) -> dict[str, Any]:
+        return {}
+
+
+def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
+    """Map a worker's error answer into our envelope: 4xx keeps its status, 5xx becomes 502."""
+    message = raw.decode(errors="replace")[:500]
+    try:
+        data = orjson.loads(raw)
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict) and err.get("message"):
+            message = str(err["message"])
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(data, dict) and data.get("detail"):
+            message = str(data["detail"])
+    except orjson.JSONDecodeError:
+        pass
+    if 400 <= status < 500:
+        error = UpstreamError(f"{model_id}: {message}", status_code=status,
+                              code="invalid_request")
+        error.error_type = "invalid_request_error"
+        return error
+    return UpstreamError(f"worker for '{model_id}' answered {status}: {message}")
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+LoadHook = Callable[[], Awaitable[None]]

@@ -1,0 +1,62 @@
+"""LlamaServerBackend: the llama.cpp server, as a ``llama-server`` binary or llama-cpp-python."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+from ...gpu.placement import Placement
+from ..backend import HttpWorkerBackend
+
+
+class LlamaServerBackend(HttpWorkerBackend):
+    """Runs ``llama-server`` when configured (or on PATH and asked for), else
+    ``python -m llama_cpp.server``; context size, GPU layers, tensor split and parallel slots
+    come from the manifest and the placement."""
+
+    def binary(self) -> str | None:
+        configured = self.settings.llama_server_binary
+        if not configured:
+            return None
+        return shutil.which(configured) or configured
+
+    @property
+    def health_path(self) -> str:  # type: ignore[override]
+        return "/health" if self.binary() else "/v1/models"
+
+    def gpu_layers(self, placement: Placement | None) -> int:
+        if placement is None or not placement.gpus:
+            return 0
+        if placement.gpu_layers is not None:
+            return placement.gpu_layers
+        layers = self.manifest.gpu_layers
+        return -1 if layers == "auto" else int(layers)
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        m = self.manifest
+        model = str(self.entry.path)
+        layers = self.gpu_layers(placement)
+        split = list(placement.tensor_split) if placement and placement.kind == "split" else []
+        binary = self.binary()
+        if binary:
+            argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                    "-c", str(m.ctx_size), "-ngl", str(999 if layers < 0 else layers),
+                    "--parallel", str(m.parallel)]
+            if split:
+                argv += ["--tensor-split", ",".join(f"{r:g}" for r in split)]
+            if m.flash_attn:
+                argv += ["-fa", "on"]
+            if m.threads:
+                argv += ["-t", str(m.threads)]
+        else:
+            argv = [sys.executable, "-m", "llama_cpp.server", "--model", model,
+                    "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(m.ctx_size),
+                    "--n_gpu_layers", str(layers), "--interrupt_requests", "False",
+                    "--model_alias", m.id]
+            if split:
+                argv += ["--tensor_split", *[f"{r:g}" for r in split]]
+            if m.flash_attn:
+                argv += ["--flash_attn", "True"]
+            if m.threads:
+                argv += ["--n_threads", str(m.threads)]
+        return argv + list(m.args)

@@ -1,0 +1,262 @@
+"""InferenceQueue: who runs next. Lower priority number = more important.
+
+Sort key ``(priority, warm_bump, submitted_at)``: within a priority, requests for a model that
+is already READY go first, so a cold start never holds up warm work. A request whose model
+cannot load yet waits without blocking requests for other models. The loop wakes on every
+submission, every slot release, and every 5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, RateLimited
+from ..events import EventBus
+from ..settings import Settings
+from .pool import ModelPool
+from .requestors import RequestorRegistry
+from .slot import ModelSlot, SlotState
+
+log = logging.getLogger(__name__)
+
+WAKE_INTERVAL_S = 5.0
+
+
+@dataclass(eq=False)
+class QueuedRequest:
+    """One request waiting for its model. ``deadline`` comes from the budget or the wait cap."""
+
+    model_id: str
+    priority: int
+    client_id: str = "anonymous"
+    endpoint: str = ""
+    budget_s: float | None = None
+    keep_alive_s: float | None = None
+    max_concurrency: int | None = None
+    submitted_at: float = field(default_factory=time.time)
+    deadline: float = 0.0
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
+                                   .create_future())
+
+
+class SlotTicket:
+    """The right to send one request to a READY slot; release it exactly once."""
+
+    def __init__(self, queue: InferenceQueue, request: QueuedRequest, slot: ModelSlot) -> None:
+        self.queue = queue
+        self.request = request
+        self.slot = slot
+        self.started = time.monotonic()
+        self.waited_s = round(time.time() - request.submitted_at, 4)
+        self._released = False
+
+    def release(self, ok: bool = True, client_fault: bool = False) -> None:
+        if self._released:
+            return
+        self._released = True
+        self.queue._finished(self, ok, client_fault)
+
+
+class InferenceQueue:
+    """Grants slots to requests in priority order and starts loads when they can fit."""
+
+    def __init__(self, pool: ModelPool, settings: Settings, events: EventBus) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.events = events
+        self.requestors = RequestorRegistry()
+        self._pending: list[QueuedRequest] = []
+        self._wake = asyncio.Event()
+        self._in_flight_by_client: dict[str, int] = {}
+        self.granted_total = 0
+        pool.on_change = self.wake
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def acquire(self, request: QueuedRequest) -> SlotTicket:
+        """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
+        cooldown = self.requestors.cooldown_left(request.client_id)
+        if cooldown > 0:
+            raise RateLimited(f"client '{request.client_id}' is cooling down after repeated "
+                              f"failures", retry_after_s=cooldown)
+        if len(self._pending) >= self.settings.max_queue_depth:
+            raise CapacityExceeded("the queue is full", retry_after_s=5, code="queue_full")
+        wait_cap = self.settings.max_queue_wait_s
+        if request.budget_s is not None:
+            wait_cap = min(wait_cap, request.budget_s)
+        request.deadline = request.submitted_at + wait_cap
+        self._pending.append(request)
+        self.requestors.submitted(request.client_id)
+        self.wake()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            if request.future.done() and not request.future.cancelled():
+                with contextlib.suppress(BaseException):
+                    request.future.result().release(ok=False, client_fault=True)
+            self.events.emit("request_cancelled", model=request.model_id,
+                             client=request.client_id)
+            raise
+        finally:
+            if request in self._pending:
+                self._pending.remove(request)
+                self.requestors.dequeued(request.client_id)
+                self.wake()
+
+    def _grant(self, request: QueuedRequest, slot: ModelSlot) -> None:
+        slot.active += 1
+        slot.touch(request.priority)
+        if request.keep_alive_s is not None:
+            if request.keep_alive_s == 0:
+                slot.unload_after_request = True
+            elif request.keep_alive_s < 0:
+                slot.unload_at = None
+            else:
+                slot.unload_at = time.time() + request.keep_alive_s
+        self._in_flight_by_client[request.client_id] = (
+            self._in_flight_by_client.get(request.client_id, 0) + 1)
+        self._pending.remove(request)
+        self.requestors.started(request.client_id)
+        self.granted_total += 1
+        request.future.set_result(SlotTicket(self, request, slot))
+
+    def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
+        slot, request = ticket.slot, ticket.request
+        slot.active = max(0, slot.active - 1)
+        keep_alive = request.keep_alive_s
+        if keep_alive is None or keep_alive > 0:
+            slot.touch(request.priority)
+            if keep_alive is not None and keep_alive > 0:
+                slot.unload_at = time.time() + keep_alive
+        elif keep_alive < 0:
+            slot.last_used = time.time()
+            slot.unload_at = None
+        client = request.client_id
+        self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
+        self.requestors.finished(client, ok, time.monotonic() - ticket.started,
+                                 counts_as_failure=not client_fault)
+        self.pool.request_finished(slot)
+        self.wake()
+
+    def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
+        if request in self._pending:
+            self._pending.remove(request)
+        self.requestors.dequeued(request.client_id, rejected=True)
+        if not request.future.done():
+            request.future.set_exception(error)
+
+    def _client_has_room(self, request: QueuedRequest) -> bool:
+        if request.max_concurrency is None:
+            return True
+        return self._in_flight_by_client.get(request.client_id, 0) < request.max_concurrency
+
+    def _sort_key(self, request: QueuedRequest) -> tuple[int, int, float]:
+        slot = self.pool.slots.get(request.model_id)
+        warm = slot is not None and slot.state == SlotState.READY
+        return (request.priority, 0 if warm else 1, request.submitted_at)
+
+    async def dispatch(self) -> None:
+        """One pass over the waiting requests, most important first."""
+        now = time.time()
+        draining: set[str] = set()  # slots a more important waiter needs to go idle
+        considered: set[str] = set()
+        for request in sorted(self._pending, key=self._sort_key):
+            if request.future.done():
+                continue
+            if now >= request.deadline:
+                self._fail(request, self._timeout_error(request, now))
+                continue
+            try:
+                slot = self.pool.slot(request.model_id)
+            except ModelBossError as exc:
+                self._fail(request, exc)
+                continue
+            if slot.state == SlotState.READY:
+                if (slot.model_id not in draining and slot.active < slot.parallel
+                        and self._client_has_room(request)):
+                    self._grant(request, slot)
+                continue
+            if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
+                continue
+            if self.pool.is_loading(request.model_id) or request.model_id in considered:
+                continue
+            considered.add(request.model_id)
+            try:
+                admission = await self.pool.admission(request.model_id, request.priority)
+            except ModelBossError as exc:
+                self._fail_model(request.model_id, exc)
+                continue
+            if admission.never:
+                self._fail_model(request.model_id,
+                                 CapacityExceeded(admission.reason, retry_after_s=30))
+            elif admission.can_start:
+                task = self.pool.start_load(request.model_id, request.priority)
+                task.add_done_callback(
+                    lambda t, model=request.model_id: self._load_done(model, t))
+            else:
+                draining.update(admission.blocking)
+
+    def _timeout_error(self, request: QueuedRequest, now: float) -> ModelBossError:
+        waited = now - request.submitted_at
+        if request.budget_s is not None and request.budget_s <= self.settings.max_queue_wait_s:
+            return BudgetExceeded(
+                f"budget of {request.budget_s:g}s for '{request.model_id}' ran out after "
+                f"waiting {waited:.1f}s in the queue", retry_after_s=max(1.0, request.budget_s))
+        return CapacityExceeded(f"'{request.model_id}' could not be scheduled within "
+                                f"{waited:.0f}s", retry_after_s=10)
+
+    def _load_done(self, model_id: str, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self.wake()
+            return
+        if isinstance(exc, CapacityExceeded):
+            self.wake()  # lost a race for room; the waiters stay and retry
+            return
+        error = exc if isinstance(exc, ModelBossError) else CapacityExceeded(str(exc))
+        self._fail_model(model_id, error)
+
+    def _fail_model(self, model_id: str, error: ModelBossError) -> None:
+        for request in [r for r in self._pending if r.model_id == model_id]:
+            self._fail(request, error)
+
+    async def run(self) -> None:
+        """The dispatch loop. Never dies."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), WAKE_INTERVAL_S)
+            self._wake.clear()
+            try:
+                await self.dispatch()
+            except Exception:
+                log.exception("queue dispatch failed; carrying on")
+            if self._pending:
+                # deadlines must fire even when nothing else happens
+                nearest = min(r.deadline for r in self._pending) - time.time()
+                if nearest < WAKE_INTERVAL_S:
+                    asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)
+
+    def status(self) -> dict:
+        now = time.time()
+        return {
+            "depth": len(self._pending),
+            "granted_total": self.granted_total,
+            "waiting": [
+                {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
+                 "waited_s": round(now - r.submitted_at, 3),
+                 "deadline_in_s": round(r.deadline - now, 3)}
+                for r in sorted(self._pending, key=self._sort_key)
+            ],
+            "clients": self.requestors.to_list(),
+        }

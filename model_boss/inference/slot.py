@@ -1,0 +1,141 @@
+"""ModelSlot: one model's place in the pool — its lease, its worker, its lifecycle."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from ..catalog import CatalogEntry
+from ..errors import ModelBossError
+from ..events import EventBus
+from ..gpu.estimate import VramEstimate
+from ..gpu.lease import Lease
+from ..gpu.placement import Placement
+
+if TYPE_CHECKING:
+    from .backend import InferenceBackend
+
+log = logging.getLogger(__name__)
+
+
+class SlotState(StrEnum):
+    IDLE = "idle"
+    LOADING = "loading"
+    READY = "ready"
+    OFFLOADED = "offloaded"
+    STOPPING = "stopping"
+
+
+# The one transition table. Crashes take READY/LOADING/OFFLOADED straight back to IDLE.
+TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.IDLE: frozenset({SlotState.LOADING}),
+    SlotState.LOADING: frozenset({SlotState.READY, SlotState.IDLE, SlotState.STOPPING}),
+    SlotState.READY: frozenset({SlotState.STOPPING, SlotState.OFFLOADED, SlotState.IDLE}),
+    SlotState.OFFLOADED: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.IDLE}),
+    SlotState.STOPPING: frozenset({SlotState.IDLE}),
+}
+
+
+class IllegalTransition(ModelBossError):
+    code = "illegal_slot_transition"
+
+
+@dataclass(eq=False)
+class ModelSlot:
+    """State and eviction metadata for one model. Transitions go through :meth:`transition`."""
+
+    entry: CatalogEntry
+    events: EventBus
+    state: SlotState = SlotState.IDLE
+    backend: InferenceBackend | None = None
+    lease: Lease | None = None
+    placement: Placement | None = None
+    estimate: VramEstimate | None = None
+    port: int | None = None
+    last_used: float = 0.0
+    last_priority: int = 100
+    stay_warm_s: float = 300.0
+    unload_at: float | None = None
+    pinned: bool = False
+    active: int = 0
+    loads: int = 0
+    last_load_s: float | None = None
+    loaded_at: float | None = None
+    measured_mb: int | None = None
+    last_error: str | None = None
+    ram_reserved_mb: int = 0
+    unload_after_request: bool = False
+    history: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @property
+    def model_id(self) -> str:
+        return self.entry.manifest.id
+
+    @property
+    def parallel(self) -> int:
+        return self.entry.manifest.parallel
+
+    def transition(self, new: SlotState, reason: str = "") -> None:
+        """Move to ``new`` if the table allows it; log and emit an event either way."""
+        old = self.state
+        if new not in TRANSITIONS[old]:
+            raise IllegalTransition(f"slot {self.model_id}: {old} -> {new} is not allowed")
+        self.state = new
+        self.history.append((time.time(), f"{old}->{new}", reason))
+        del self.history[:-50]
+        self.events.emit("slot_state", model=self.model_id, old=str(old), new=str(new),
+                         reason=reason)
+
+    # -- eviction metadata ----------------------------------------------------------------
+
+    def touch(self, priority: int, now: float | None = None) -> None:
+        now = now if now is not None else time.time()
+        self.last_used = now
+        self.last_priority = priority
+        self.refresh_unload_at(now)
+
+    def refresh_unload_at(self, now: float | None = None) -> None:
+        now = now if now is not None else time.time()
+        if self.pinned or self.stay_warm_s < 0:
+            self.unload_at = None
+        else:
+            self.unload_at = now + self.stay_warm_s
+
+    def expired(self, now: float) -> bool:
+        return (not self.pinned and self.active == 0 and self.unload_at is not None
+                and now >= self.unload_at)
+
+    @property
+    def evictable_state(self) -> bool:
+        return self.state in (SlotState.READY, SlotState.OFFLOADED)
+
+    def to_dict(self) -> dict[str, Any]:
+        manifest = self.entry.manifest
+        return {
+            "model": self.model_id,
+            "category": str(manifest.category),
+            "backend": str(manifest.backend),
+            "state": str(self.state),
+            "tier": {"ready": "gpu", "offloaded": "cpu"}.get(str(self.state), "disk"),
+            "pid": self.backend.pid if self.backend else None,
+            "port": self.port,
+            "pinned": self.pinned,
+            "active_requests": self.active,
+            "parallel": self.parallel,
+            "vram_estimate": self.estimate.to_dict() if self.estimate else None,
+            "measured_mb": self.measured_mb,
+            "lease": self.lease.to_dict() if self.lease else None,
+            "placement": self.placement.to_dict() if self.placement else None,
+            "last_used": self.last_used or None,
+            "last_priority": self.last_priority,
+            "stay_warm_s": self.stay_warm_s,
+            "unload_at": self.unload_at,
+            "loads": self.loads,
+            "last_load_s": self.last_load_s,
+            "loaded_at": self.loaded_at,
+            "last_error": self.last_error,
+            "ram_reserved_mb": self.ram_reserved_mb,
+        }

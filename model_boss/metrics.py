@@ -1,0 +1,33 @@
+"""Prometheus metrics, one registry per coordinator (so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("model_boss_requests_total", "Requests answered",
+                                ["model", "endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("model_boss_request_seconds", "Time to answer (headers)",
+                                 ["model", "endpoint"], registry=self.registry)
+        self.queue_depth = Gauge("model_boss_queue_depth", "Requests waiting",
+                                 registry=self.registry)
+        self.slot_state = Gauge("model_boss_slot_state", "1 for the state each slot is in",
+                                ["model", "state"], registry=self.registry)
+        self.gpu_leased = Gauge("model_boss_gpu_leased_mb", "VRAM leased per GPU", ["gpu"],
+                                registry=self.registry)
+        self.gpu_free = Gauge("model_boss_gpu_free_mb", "Effective free VRAM per GPU", ["gpu"],
+                              registry=self.registry)
+        self.loads = Counter("model_boss_loads_total", "Model loads", ["model"],
+                             registry=self.registry)
+        self.events = Counter("model_boss_events_total", "Events emitted", ["type"],
+                              registry=self.registry)
+
+    def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(model, endpoint, str(status)).inc()
+        self.latency.labels(model, endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

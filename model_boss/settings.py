@@ -1,0 +1,184 @@
+"""Daemon settings: ``MODEL_BOSS_*`` environment variables over an optional YAML file.
+
+Precedence, highest first: keyword arguments, environment, the YAML file, defaults.
+Relative paths in the YAML file are taken relative to the file's own directory.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from .errors import ConfigError
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "model_boss_config_file", default=None
+)
+
+DEFAULT_STAY_WARM_S = {"diffusion": 900.0, "llm": 300.0, "vision": 60.0, "tts": 300.0,
+                       "embedding": 300.0}
+
+
+class DeclaredGPU(BaseModel):
+    """A GPU declared in settings, used when NVML finds none (or to simulate a box)."""
+
+    index: int = Field(ge=0)
+    name: str = "declared"
+    vram_mb: int = Field(gt=0)
+
+
+class ClientProfile(BaseModel):
+    """Defaults and limits for one client id (``x_client_id`` / ``X-Client-Id``)."""
+
+    priority: int | None = Field(default=None, ge=0, le=100)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    default_task: str | None = None
+    allowed_models: list[str] | None = None
+
+
+class Settings(BaseSettings):
+    """Everything the daemon reads at start; see docs/CONFIGURATION.md."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MODEL_BOSS_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8210, ge=1, le=65535)
+    manifests: list[Path] = Field(default_factory=lambda: [Path("manifests")])
+    tasks_file: Path | None = Path("tasks.yaml")
+    models_dir: Path = Path("~/.cache/model-boss/models")
+    state_dir: Path = Path("~/.local/state/model-boss")
+    gpus: list[DeclaredGPU] = Field(default_factory=list)
+    use_nvml: bool = True
+    redis_url: str = ""
+    reclaim_sleep_s: float = Field(default=2.0, ge=0)
+    vram_margin_mb: int = Field(default=512, ge=0)
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    health_timeout_s: float = Field(default=120.0, gt=0)
+    stop_grace_s: float = Field(default=10.0, ge=0)
+    stay_warm_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_STAY_WARM_S))
+    reaper_interval_s: float = Field(default=5.0, gt=0)
+    default_priority: int = Field(default=5, ge=0, le=100)
+    max_queue_wait_s: float = Field(default=300.0, gt=0)
+    max_queue_depth: int = Field(default=1000, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    llama_server_binary: str | None = None
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    allow_cloud_fallback: bool = True
+    clients: dict[str, ClientProfile] = Field(default_factory=dict)
+    preload: list[str] = Field(default_factory=list)
+    log_level: str = "INFO"
+
+    @field_validator("manifests", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, (str, Path)):
+            return [part for part in str(value).split(os.pathsep) if part]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+    def stay_warm_for(self, category: str) -> float:
+        return self.stay_warm_s.get(category, DEFAULT_STAY_WARM_S.get(category, 300.0))
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir.expanduser()
+
+    @property
+    def models_path(self) -> Path:
+        return self.models_dir.expanduser()
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the YAML file named by :func:`load_settings`; resolves its relative paths."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _CONFIG_FILE.get()
+        if path is None:
+            return {}
+        data = read_yaml_mapping(path)
+        base = path.parent
+        for key in ("tasks_file", "models_dir", "state_dir"):
+            if isinstance(data.get(key), str):
+                data[key] = _relative_to(base, data[key])
+        manifests = data.get("manifests")
+        if isinstance(manifests, str):
+            manifests = [manifests]
+        if isinstance(manifests, list):
+            data["manifests"] = [
+                _relative_to(base, m) if isinstance(m, str) else m for m in manifests
+            ]
+        return data
+
+
+def _relative_to(base: Path, value: str) -> str:
+    expanded = Path(value).expanduser()
+    return str(expanded if expanded.is_absolute() else base / expanded)
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Parse a YAML file that must hold a mapping; errors name the file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def describe_validation_error(source: str, exc: ValidationError) -> str:
+    """One line per problem: ``file: field.path: message``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        lines.append(f"{source}: {loc}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from env + the YAML file (argument, else ``MODEL_BOSS_CONFIG``)."""
+    raw = config_file or os.environ.get("MODEL_BOSS_CONFIG") or None
+    path = Path(raw).expanduser() if raw else None
+    if path is not None and not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    token = _CONFIG_FILE.set(path)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        source = str(path) if path else "settings (MODEL_BOSS_* environment)"
+        raise ConfigError(describe_validation_error(source, exc)) from exc
+    finally:
+        _CONFIG_FILE.reset(token)
