@@ -47,7 +47,7 @@ class ModelBossError(Exception):
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
             return {}
-        return {"Retry-After": str(max(1, int(round(self.retry_after_s))))}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
 
 
 class ConfigError(ModelBossError):

@@ -11,7 +11,12 @@ from fastapi.responses import Response
 
 from ..coordinator import Coordinator
 from ..settings import Settings
-from . import admin, leases, openai
+from . import admin, openai
+
+try:  # TEMP until leases router lands
+    from . import leases
+except ImportError:  # pragma: no cover
+    leases = None
 from .errors import envelope, install_error_handlers
 
 _OPEN_PATHS = {"/health", "/metrics"}
@@ -42,7 +47,8 @@ def create_app(settings: Settings | None = None, *,
 
     app.include_router(openai.router)
     app.include_router(admin.router)
-    app.include_router(leases.router)
+    if leases is not None:
+        app.include_router(leases.router)
     return app
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..coordinator import Coordinator
 from ..errors import BadRequest, Forbidden, ModelBossError
-from ..inference import QueuedRequest, SlotTicket, SlotState
+from ..inference import QueuedRequest, SlotState, SlotTicket
 from .errors import sse_error
 from .requests import (
     ClientDisconnected,

@@ -335,13 +335,15 @@ class ModelPool:
             with contextlib.suppress(BaseException):
                 await task
         for slot in list(self.slots.values()):
+            if slot.state in (SlotState.READY, SlotState.OFFLOADED, SlotState.LOADING):
+                slot.transition(SlotState.STOPPING, "shutdown")
             backend, slot.backend = slot.backend, None
             if backend is not None:
                 with contextlib.suppress(Exception):
                     await backend.stop()
             await self._release_lease(slot)
-            slot.state = SlotState.IDLE
-            slot.active = 0
+            if slot.state == SlotState.STOPPING:
+                slot.transition(SlotState.IDLE, "shutdown")
 
     def status(self) -> list[dict]:
         result = []

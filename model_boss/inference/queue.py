@@ -234,8 +234,11 @@ class InferenceQueue:
     async def run(self) -> None:
         """The dispatch loop. Never dies."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), WAKE_INTERVAL_S)
+            try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel in 3.11
+                async with asyncio.timeout(WAKE_INTERVAL_S):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
             self._wake.clear()
             try:
                 await self.dispatch()

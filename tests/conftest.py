@@ -1,0 +1,148 @@
+"""Shared fixtures: the demo model, and a real ``model-boss serve`` process on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = Path(os.environ.get("MODEL_BOSS_MODELS_DIR",
+                                 "~/.cache/model-boss/models")).expanduser()
+DEMO_GGUF = MODELS_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def demo_gguf() -> Path:
+    if not DEMO_GGUF.exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_demo_model.py"),
+                        str(MODELS_DIR)], check=True)
+    return DEMO_GGUF
+
+
+class ServerProcess:
+    """A real coordinator: ``python -m model_boss serve --config FILE`` in its own process."""
+
+    def __init__(self, workdir: Path, config: dict, manifests: list[dict],
+                 env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        manifest_dir = workdir / "manifests"
+        manifest_dir.mkdir(parents=True, exist_ok=True)
+        for manifest in manifests:
+            (manifest_dir / f"{manifest['id']}.yaml").write_text(yaml.safe_dump(manifest))
+        settings = {
+            "host": "127.0.0.1", "port": self.port, "manifests": [str(manifest_dir)],
+            "tasks_file": None, "models_dir": str(MODELS_DIR),
+            "state_dir": str(workdir / "state"), "reclaim_sleep_s": 0,
+            "stop_grace_s": 5, "health_timeout_s": 60, "use_nvml": False,
+            **config,
+        }
+        self.config_path = workdir / "model-boss.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings))
+        self.log_path = workdir / "server.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "model_boss", "serve", "--config", str(self.config_path)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=str(ROOT))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+
+    def status(self) -> dict:
+        return httpx.get(self.url + "/api/v1/status", timeout=10).json()
+
+    def worker_pids(self) -> set[int]:
+        """Every live descendant of the coordinator (the workers)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return set()
+        try:
+            return {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+        finally:
+            self._log.close()
+
+
+def llama_manifest(model_id: str, gguf: Path, **extra) -> dict:
+    return {"id": model_id, "category": "llm", "backend": "llama-server", "path": str(gguf),
+            "ctx_size": 1024, **extra}
+
+
+@pytest.fixture
+def make_server(tmp_path_factory):
+    """Factory: start a coordinator with the given settings and manifests; stopped after."""
+    servers: list[ServerProcess] = []
+
+    def make(config: dict | None = None, manifests: list[dict] | None = None,
+             env: dict[str, str] | None = None, start: bool = True) -> ServerProcess:
+        server = ServerProcess(tmp_path_factory.mktemp("server"), config or {},
+                               manifests or [], env)
+        servers.append(server)
+        return server.start() if start else server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,205 @@
+"""The real request path: the official openai client → model-boss → llama.cpp on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServerProcess, llama_manifest, pid_alive, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_gguf):
+    missing = {"id": "ghost", "backend": "llama-server", "path": "/nonexistent/ghost.gguf"}
+    srv = ServerProcess(tmp_path_factory.mktemp("chat"),
+                        {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}]},
+                        [llama_manifest("smol", demo_gguf, aliases=["demo"]), missing])
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_returns_text(client, server):
+    reply = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Say hello."}], max_tokens=16)
+    assert reply.choices[0].message.content.strip()
+    assert reply.model == "smol"
+    slot = server.status()["slots"][0]
+    assert slot["state"] == "ready" and slot["loads"] >= 1 and slot["last_load_s"] > 0
+
+
+def test_stream_yields_chunks_in_order(client):
+    stream = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Count from one to ten."}],
+        max_tokens=32, stream=True)
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and
+              c.choices[0].delta.content]
+    assert len(pieces) >= 5
+    assert "".join(pieces).strip()
+
+
+def test_stream_is_not_buffered(server):
+    """Chunks arrive as the worker makes them: the first well before the last."""
+    body = {"model": "smol", "stream": True, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Write a long story about a cat."}]}
+    arrivals = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                arrivals.append(time.monotonic())
+    assert len(arrivals) > 10
+    assert arrivals[-1] - arrivals[0] > 0.05
+
+
+def test_text_completion(client):
+    reply = client.completions.create(model="smol", prompt="The capital of France is",
+                                      max_tokens=8)
+    assert reply.choices[0].text
+
+
+def test_models_lists_catalog_with_availability(client, server):
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {"smol", "ghost"}
+    listed = httpx.get(server.url + "/v1/models").json()["data"]
+    ghost = next(m for m in listed if m["id"] == "ghost")
+    assert ghost["available"] is False and "not found" in ghost["unavailable_reason"]
+
+
+def test_unknown_model_is_404_envelope(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="no-such-model",
+                                       messages=[{"role": "user", "content": "x"}])
+    error = caught.value.body
+    assert caught.value.status_code == 404
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+
+
+def test_missing_model_file_is_503_with_reason(client):
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="ghost",
+                                       messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 503
+    assert "model file not found" in caught.value.body["message"]
+
+
+@pytest.mark.parametrize("payload, param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), "model"),
+    (json.dumps({"model": "smol"}).encode(), "messages"),
+    (json.dumps({"model": "smol", "messages": []}).encode(), "messages"),
+    (json.dumps({"model": "smol", "messages": [{"role": "user", "content": "x"}],
+                 "x_priority": "urgent"}).encode(), "x_priority"),
+    (json.dumps({"model": "smol", "messages": [{"role": "user", "content": "x"}],
+                 "max_tokens": -3}).encode(), "max_tokens"),
+])
+def test_malformed_bodies_are_400_envelopes(server, payload, param):
+    response = httpx.post(server.url + "/v1/chat/completions", content=payload,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+
+
+def test_oversized_body_is_413(server):
+    big = {"model": "smol", "messages": [{"role": "user", "content": "x" * (9 * 2**20)}]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=big, timeout=30)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_x_fields_are_stripped_and_headers_accepted(server):
+    body = {"model": "smol", "max_tokens": 4, "x_client_id": "alice", "x_priority": 1,
+            "x_anything_else": {"deep": True},
+            "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body,
+                          headers={"X-Client-Id": "ignored-because-body-wins"}, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-model-boss-model"] == "smol"
+    clients = {c["client_id"]: c for c in server.status()["queue"]["clients"]}
+    assert clients["alice"]["succeeded"] >= 1
+    response = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                          json={"model": "smol", "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "hi"}]},
+                          headers={"X-Client-Id": "bob", "X-Priority": "2"})
+    assert response.status_code == 200
+    assert "bob" in {c["client_id"] for c in server.status()["queue"]["clients"]}
+
+
+def _ready_pid(server) -> int:
+    slot = wait_for(lambda: next((s for s in server.status()["slots"]
+                                  if s["model"] == "smol" and s["state"] == "ready"), None),
+                    timeout=60)
+    return slot["pid"]
+
+
+def test_worker_killed_while_idle_is_reloaded(client, server):
+    client.chat.completions.create(model="smol", max_tokens=2,
+                                   messages=[{"role": "user", "content": "hi"}])
+    pid = _ready_pid(server)
+    loads = server.status()["slots"][0]["loads"]
+    os.kill(pid, signal.SIGKILL)
+    slot = wait_for(lambda: next(s for s in server.status()["slots"]
+                                 if s["model"] == "smol" and s["state"] == "idle"), timeout=10)
+    assert "exited unexpectedly" in slot["last_error"]
+    assert server.status()["gpus"][0]["leased_mb"] == 0
+    reply = client.chat.completions.create(model="smol", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hello"}])
+    assert reply.choices[0].message.content
+    slot = server.status()["slots"][0]
+    assert slot["loads"] == loads + 1 and slot["pid"] != pid
+
+
+def test_worker_killed_during_stream_gives_error_event(server):
+    pid = _ready_pid(server)
+    body = {"model": "smol", "stream": True, "max_tokens": 400,
+            "messages": [{"role": "user", "content": "Write a very long story."}]}
+    events = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[6:])
+            if len(events) == 3:
+                threading.Thread(target=os.kill, args=(pid, signal.SIGKILL)).start()
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "worker_failed" and error["type"] == "server_error"
+    assert "smol" in error["message"]
+    assert not pid_alive(pid)
+    wait_for(lambda: server.status()["gpus"][0]["leased_mb"] == 0, timeout=10)
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "worker_crashed" and e["model"] == "smol" for e in events)
+
+
+def test_status_shape(server):
+    status = server.status()
+    gpu = status["gpus"][0]
+    assert gpu["capacity_mb"] == 8192 and gpu["source"] == "declared"
+    assert gpu["free_mb"] == gpu["capacity_mb"] - gpu["leased_mb"] - 512
+    for key in ("state", "pid", "port", "vram_estimate", "last_used", "unload_at",
+                "active_requests", "last_load_s"):
+        assert key in status["slots"][0]
+    assert status["queue"]["depth"] == 0
+    assert isinstance(status["leases"], list)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert "model_boss_requests_total" in metrics

@@ -1,0 +1,86 @@
+"""In-process backends for scheduling tests: the seam the pool's backend factory offers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from model_boss.catalog import Catalog, ModelManifest
+from model_boss.coordinator import Coordinator
+from model_boss.inference.backend import UpstreamResponse
+from model_boss.settings import Settings
+
+
+class FakeBackend:
+    """Answers at once (or after ``delay``); records every call."""
+
+    needs_vram = True
+    can_offload = False
+
+    def __init__(self, entry, settings, log: list, load_s: float = 0.0,
+                 fail: Exception | None = None, gate: asyncio.Event | None = None) -> None:
+        self.entry = entry
+        self.log = log
+        self.load_s = load_s
+        self.fail = fail
+        self.gate = gate
+        self.on_exit = None
+        self.pid = 4242
+        self.stopped = False
+
+    async def start(self, port, placement) -> None:
+        self.log.append(("start", self.entry.manifest.id))
+        await asyncio.sleep(self.load_s)
+        if self.fail:
+            raise self.fail
+
+    async def stop(self) -> None:
+        self.stopped = True
+        self.log.append(("stop", self.entry.manifest.id))
+
+    async def health_check(self) -> bool:
+        return True
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.log.append(("request", self.entry.manifest.id, body.get("tag")))
+        return UpstreamResponse(200, {"content-type": "application/json"},
+                                body=b'{"ok": true}')
+
+    async def offload(self):
+        return {}
+
+    async def onload(self):
+        return {}
+
+    async def report(self):
+        return {}
+
+
+def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None = None,
+                **settings: Any) -> tuple[Coordinator, list]:
+    log: list = []
+    manifest_file = tmp_path / "manifests.yaml"
+    import yaml
+
+    for m in manifests:
+        m.setdefault("path", str(tmp_path / "weights.gguf"))
+    (tmp_path / "weights.gguf").write_bytes(b"GGUF" + b"\0" * 1024)
+    manifest_file.write_text(yaml.safe_dump(manifests))
+    config = Settings(manifests=[manifest_file], tasks_file=None, state_dir=tmp_path / "state",
+                      gpus=gpus or [{"index": 0, "name": "sim", "vram_mb": 4096}],
+                      use_nvml=False, reclaim_sleep_s=0, **settings)
+    kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
+    coord = Coordinator(config, backend_factory=lambda entry, s: FakeBackend(entry, s, log,
+                                                                             **kwargs))
+    return coord, log
+
+
+def manifest(model_id: str, vram_mb: int = 3000, **extra) -> dict:
+    return {"id": model_id, "vram_mb": vram_mb, **extra}
+
+
+__all__ = ["Catalog", "FakeBackend", "ModelManifest", "coordinator", "manifest"]

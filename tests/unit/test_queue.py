@@ -1,0 +1,175 @@
+"""InferenceQueue and ModelPool together, with in-process backends (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model_boss.errors import BudgetExceeded, CapacityExceeded
+from model_boss.inference import QueuedRequest, SlotState
+
+from .fakes import FakeBackend, coordinator, manifest
+
+
+@pytest.fixture
+async def coord_two(tmp_path):
+    coord, log = coordinator(tmp_path, [manifest("a"), manifest("b"), manifest("small", 100)])
+    await coord.start()
+    yield coord, log
+    await coord.stop()
+
+
+async def run(coord, model, priority=5, **kw):
+    ticket = await coord.queue.acquire(QueuedRequest(model_id=model, priority=priority, **kw))
+    ticket.release()
+    return ticket
+
+
+async def test_load_then_evict_one_at_a_time(coord_two):
+    coord, log = coord_two
+    await run(coord, "a")
+    assert coord.pool.slots["a"].state == SlotState.READY
+    await run(coord, "b")
+    assert coord.pool.slots["a"].state == SlotState.IDLE
+    assert coord.pool.slots["b"].state == SlotState.READY
+    assert log == [("start", "a"), ("stop", "a"), ("start", "b")]
+    usage = (await coord.boss.usage())[0]
+    assert usage.leased_mb == 3000
+
+
+async def test_priority_order_and_warm_bump(coord_two):
+    coord, _log = coord_two
+    await run(coord, "a")
+    order = []
+    gate = asyncio.Event()
+
+    async def one(model, priority, tag):
+        ticket = await coord.queue.acquire(QueuedRequest(model_id=model, priority=priority))
+        order.append(tag)
+        await gate.wait()
+        ticket.release()
+
+    # Hold the only slot of "a" so that everything else queues.
+    holder = await coord.queue.acquire(QueuedRequest(model_id="a", priority=0))
+    tasks = [asyncio.create_task(one("a", 5, "a5-first")),
+             asyncio.create_task(one("a", 9, "a9")),
+             asyncio.create_task(one("a", 1, "a1")),
+             asyncio.create_task(one("a", 5, "a5-second"))]
+    await asyncio.sleep(0.05)
+    assert coord.queue.depth == 4
+    holder.release()
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert order == ["a1", "a5-first", "a5-second", "a9"]
+
+
+async def test_warm_requests_go_before_cold_within_a_priority(coord_two):
+    coord, _ = coord_two
+    await run(coord, "small")  # small is READY; a is cold
+    key = coord.queue._sort_key
+    cold = QueuedRequest(model_id="a", priority=5, submitted_at=1.0)
+    warm = QueuedRequest(model_id="small", priority=5, submitted_at=2.0)
+    urgent_cold = QueuedRequest(model_id="a", priority=1, submitted_at=3.0)
+    assert sorted([cold, warm, urgent_cold], key=key) == [urgent_cold, warm, cold]
+
+
+async def test_waiting_model_does_not_block_others(tmp_path):
+    coord, _log = coordinator(tmp_path, [manifest("big", 3000, pin=True),
+                                        manifest("other-big", 3000), manifest("small", 100)])
+    await coord.start()
+    try:
+        await run(coord, "big")
+        gate = asyncio.Event()
+        coord.pool.slots["big"].backend.gate = gate
+        # other-big can never fit beside the pinned model: it is refused at once...
+        with pytest.raises(CapacityExceeded, match="pinned"):
+            await run(coord, "other-big")
+        # ...while small loads beside it and is served.
+        await asyncio.wait_for(run(coord, "small"), 2)
+        assert coord.pool.slots["small"].state == SlotState.READY
+    finally:
+        await coord.stop()
+
+
+async def test_busy_model_blocks_only_its_waiters(coord_two):
+    coord, _log = coord_two
+    holder = await coord.queue.acquire(QueuedRequest(model_id="a", priority=5))
+    waiting_b = asyncio.create_task(run(coord, "b", priority=5))
+    await asyncio.sleep(0.05)
+    assert not waiting_b.done()  # a is busy: it cannot be evicted yet
+    assert await asyncio.wait_for(run(coord, "small"), 2)  # small fits beside a
+    holder.release()
+    await asyncio.wait_for(waiting_b, 2)
+    assert coord.pool.slots["b"].state == SlotState.READY
+
+
+async def test_budget_runs_out_while_waiting(coord_two):
+    coord, _ = coord_two
+    await run(coord, "a", priority=0)
+    with pytest.raises(BudgetExceeded) as caught:
+        await run(coord, "b", priority=9, budget_s=0.3)
+    assert caught.value.retry_after_s and caught.value.status_code == 503
+    assert coord.pool.slots["a"].state == SlotState.READY
+
+
+async def test_cancelled_waiter_leaves_the_queue(coord_two):
+    coord, _ = coord_two
+    holder = await coord.queue.acquire(QueuedRequest(model_id="a", priority=5))
+    waiter = asyncio.create_task(coord.queue.acquire(QueuedRequest(model_id="a", priority=5)))
+    await asyncio.sleep(0.05)
+    assert coord.queue.depth == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert coord.queue.depth == 0
+    holder.release()
+    assert coord.pool.slots["a"].active == 0
+
+
+async def test_load_failure_fails_waiters_and_frees_lease(tmp_path):
+    from model_boss.errors import LoadFailed
+
+    coord, log = coordinator(tmp_path, [manifest("a")])
+    coord.pool.backend_factory = lambda entry, s: FakeBackend(
+        entry, s, log, fail=LoadFailed("worker exited with 1 while loading: boom"))
+    await coord.start()
+    try:
+        with pytest.raises(LoadFailed, match="boom"):
+            await run(coord, "a")
+        assert coord.pool.slots["a"].state == SlotState.IDLE
+        assert (await coord.boss.usage())[0].leased_mb == 0
+    finally:
+        await coord.stop()
+
+
+async def test_worker_exit_returns_slot_to_idle(coord_two):
+    coord, _ = coord_two
+    await run(coord, "a")
+    backend = coord.pool.slots["a"].backend
+    backend.on_exit(-9)
+    await asyncio.sleep(0.05)
+    slot = coord.pool.slots["a"]
+    assert slot.state == SlotState.IDLE and "exited unexpectedly" in slot.last_error
+    assert (await coord.boss.usage())[0].leased_mb == 0
+    await run(coord, "a")
+    assert slot.state == SlotState.READY and slot.loads == 2
+
+
+async def test_client_max_concurrency(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("a", parallel=4)])
+    await coord.start()
+    try:
+        first = await coord.queue.acquire(QueuedRequest(model_id="a", priority=5,
+                                                        client_id="c", max_concurrency=1))
+        second = asyncio.create_task(coord.queue.acquire(
+            QueuedRequest(model_id="a", priority=5, client_id="c", max_concurrency=1)))
+        other = await asyncio.wait_for(coord.queue.acquire(
+            QueuedRequest(model_id="a", priority=5, client_id="d")), 1)
+        await asyncio.sleep(0.05)
+        assert not second.done()
+        first.release()
+        (await asyncio.wait_for(second, 1)).release()
+        other.release()
+    finally:
+        await coord.stop()
