@@ -203,3 +203,27 @@ def test_status_shape(server):
     assert isinstance(status["leases"], list)
     metrics = httpx.get(server.url + "/metrics").text
     assert "model_boss_requests_total" in metrics
+
+
+def test_client_that_disconnects_leaves_the_queue(server):
+    """A queued request whose client goes away is dropped, not served later."""
+    _ready_pid(server)
+    busy = {"model": "smol", "stream": True, "max_tokens": 200,
+            "messages": [{"role": "user", "content": "Write a long story."}]}
+    queued = {"model": "smol", "max_tokens": 4, "x_client_id": "impatient",
+              "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=busy,
+                      timeout=60) as response:
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # the slot is now busy
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/chat/completions", json=queued, timeout=1.0)
+        wait_for(lambda: server.status()["queue"]["depth"] == 0, timeout=5)
+        for _ in lines:
+            pass
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "request_cancelled" and e["client"] == "impatient"
+               for e in events)
+    impatient = next(c for c in server.status()["queue"]["clients"]
+                     if c["client_id"] == "impatient")
+    assert impatient["succeeded"] == 0 and impatient["in_flight"] == 0
