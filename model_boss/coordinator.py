@@ -8,13 +8,16 @@ import logging
 import time
 
 from .catalog import Catalog, load_manifests
+from .catalog.tasks import TaskRegistry
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
 from .inference import InferenceQueue, ModelPool, SlotState
 from .inference.pool import BackendFactory, default_backend_factory
 from .inference.process import reap_orphans
+from .inference.router import ModelRouter
 from .metrics import Metrics
+from .runtime_config import RuntimeConfig, RuntimeValues
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,12 @@ class Coordinator:
         self.pool = ModelPool(self.catalog, self.boss, settings, self.events,
                               backend_factory=backend_factory)
         self.queue = InferenceQueue(self.pool, settings, self.events)
+        self.tasks = TaskRegistry.load(settings.tasks_file, self.catalog)
+        self.runtime = RuntimeConfig(
+            RuntimeValues(allow_cloud_fallback=settings.allow_cloud_fallback),
+            state_file=settings.state_path / "runtime_config.json",
+            redis_url=settings.redis_url)
+        self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
         self._loops: list[asyncio.Task] = []
 
     def _make_store(self) -> LeaseStore:
@@ -67,6 +76,7 @@ class Coordinator:
                 log.warning("model '%s' (%s) is unavailable: %s", entry.manifest.id,
                             entry.manifest.source_file, entry.unavailable_reason)
         await self.boss.publish_inventory()
+        await self.runtime.restore()
         self._loops = [
             asyncio.create_task(self.queue.run(), name="queue"),
             asyncio.create_task(self.pool.reaper(), name="reaper"),

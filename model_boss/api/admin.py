@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest
 from ..inference import SlotState
-from .openai import coordinator_of
+from .proxy import coordinator_of
 
 router = APIRouter()
 
@@ -110,3 +110,25 @@ async def metrics(request: Request) -> Response:
     coord = coordinator_of(request)
     await coord.refresh_metrics()
     return Response(coord.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/api/v1/config")
+async def get_config(request: Request) -> dict[str, Any]:
+    return coordinator_of(request).runtime.values.wire()
+
+
+@router.put("/api/v1/config")
+async def put_config(request: Request) -> dict[str, Any]:
+    coord = coordinator_of(request)
+    try:
+        patch = orjson.loads(await request.body() or b"null")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    values = await coord.runtime.update(patch)
+    coord.events.emit("config_changed", **values)
+    return values
+
+
+@router.get("/api/v1/tasks")
+async def list_tasks(request: Request) -> dict[str, Any]:
+    return {"tasks": coordinator_of(request).tasks.to_list()}

@@ -207,7 +207,8 @@ def test_status_shape(server):
 
 def test_client_that_disconnects_leaves_the_queue(server):
     """A queued request whose client goes away is dropped, not served later."""
-    _ready_pid(server)
+    warm = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=warm, timeout=60).is_success
     busy = {"model": "smol", "stream": True, "max_tokens": 200,
             "messages": [{"role": "user", "content": "Write a long story."}]}
     queued = {"model": "smol", "max_tokens": 4, "x_client_id": "impatient",

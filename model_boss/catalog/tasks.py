@@ -1,0 +1,100 @@
+"""TaskRegistry: tasks.yaml — a task names a ladder of candidate models and its defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError, ModelNotFound
+from ..settings import describe_validation_error, read_yaml_mapping
+from .catalog import Catalog
+
+TASK_PREFIX = "task:"
+
+
+class TaskSpec(BaseModel):
+    """One task: candidates in order of preference plus scheduling defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    candidates: list[str] = Field(min_length=1)
+    keep_alive_s: float | None = Field(default=None, ge=-1)
+    pin_primary: bool = False
+    budget_s: float | None = Field(default=None, gt=0)
+    priority: int | None = Field(default=None, ge=0, le=100)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskRegistry:
+    """Tasks by name, every candidate checked against the catalog at load time."""
+
+    def __init__(self, tasks: dict[str, TaskSpec]) -> None:
+        self.tasks = tasks
+
+    @classmethod
+    def empty(cls) -> TaskRegistry:
+        return cls({})
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], catalog: Catalog,
+                     source: str = "tasks.yaml") -> TaskRegistry:
+        raw = data.get("tasks", {}) if isinstance(data, dict) else None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: tasks: expected a mapping of task name to task")
+        extra = set(data) - {"tasks"}
+        if extra:
+            raise ConfigError(f"{source}: {sorted(extra)[0]}: unknown top-level key "
+                              "(expected 'tasks')")
+        tasks: dict[str, TaskSpec] = {}
+        for name, body in raw.items():
+            if not isinstance(body, dict):
+                raise ConfigError(f"{source}: tasks.{name}: expected a mapping")
+            try:
+                spec = TaskSpec.model_validate({**body, "name": str(name)})
+            except ValidationError as exc:
+                raise ConfigError(describe_validation_error(f"{source}: tasks.{name}", exc)) \
+                    from exc
+            resolved = []
+            for position, candidate in enumerate(spec.candidates):
+                entry = catalog.find(candidate)
+                if entry is None:
+                    raise ConfigError(f"{source}: tasks.{name}.candidates.{position}: "
+                                      f"unknown model '{candidate}'")
+                resolved.append(entry.manifest.id)
+            spec.candidates = resolved
+            tasks[str(name)] = spec
+        return cls(tasks)
+
+    @classmethod
+    def load(cls, path: Path | None, catalog: Catalog) -> TaskRegistry:
+        if path is None:
+            return cls.empty()
+        path = path.expanduser()
+        if not path.exists():
+            return cls.empty()
+        return cls.from_mapping(read_yaml_mapping(path), catalog, str(path))
+
+    def get(self, name: str) -> TaskSpec:
+        spec = self.tasks.get(name)
+        if spec is None:
+            raise ModelNotFound(f"The task '{name}' does not exist", param="model",
+                                code="task_not_found")
+        return spec
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tasks
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [spec.model_dump() for spec in self.tasks.values()]
+
+
+def task_name(model: str | None) -> str | None:
+    """``"task:chat"`` → ``"chat"``; anything else → None."""
+    if model and model.startswith(TASK_PREFIX):
+        return model[len(TASK_PREFIX):]
+    return None
