@@ -63,7 +63,8 @@ async def serve(request: Request, endpoint: str, body: dict[str, Any],
                                       else settings.default_priority, profile=profile)
     task = plan.task
     if task is not None:
-        body = {**task.params, **body}
+        # task params are defaults: the request's own values win, an explicit null does not
+        body = {**task.params, **{k: v for k, v in body.items() if v is not None}}
         if priority is None:
             priority = task.priority
     budget_s = ext.budget_s if ext.budget_s is not None else (task.budget_s if task else None)
