@@ -9,13 +9,16 @@ import time
 
 from .catalog import Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
+from .errors import ConfigError, ModelBossError
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
+from .image_files import ImageFiles
 from .inference import InferenceQueue, ModelPool, SlotState
 from .inference.pool import BackendFactory, default_backend_factory
 from .inference.process import reap_orphans
 from .inference.router import ModelRouter
+from .jobs import EmbeddedJobStore, JobManager, RedisJobStore
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .settings import Settings
@@ -47,6 +50,18 @@ class Coordinator:
             state_file=settings.state_path / "runtime_config.json",
             redis_url=settings.redis_url)
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
+        for position, model in enumerate(settings.preload):
+            if model not in self.catalog:
+                raise ConfigError(f"settings: preload.{position}: unknown model '{model}'")
+        self.image_files = ImageFiles(settings.state_path / "images")
+        self.base_url = f"http://{settings.host}:{settings.port}"
+        job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)
+                     if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
+        from .api.jobs import make_runner
+
+        self.jobs = JobManager(job_store, make_runner(self, lambda: self.base_url),
+                               result_ttl_s=settings.job_result_ttl_s,
+                               max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
 
     def _make_store(self) -> LeaseStore:
@@ -81,10 +96,35 @@ class Coordinator:
             asyncio.create_task(self.queue.run(), name="queue"),
             asyncio.create_task(self.pool.reaper(), name="reaper"),
         ]
+        for model in self.settings.preload:
+            self._preload(model)
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
 
+    def _preload(self, model: str) -> None:
+        """Load in the background; a failure is logged and the server carries on."""
+        model_id = self.catalog.get(model).manifest.id
+
+        def done(task: asyncio.Task) -> None:
+            if task.cancelled():
+                return
+            if task.exception() is not None:
+                log.error("preload of '%s' failed: %s", model_id, task.exception())
+                self.events.emit("preload_failed", model=model_id,
+                                 error=str(task.exception()))
+            else:
+                self.events.emit("preloaded", model=model_id)
+
+        try:
+            self.catalog.get_available(model_id)
+        except ModelBossError as exc:
+            log.error("preload of '%s' skipped: %s", model_id, exc.message)
+            self.events.emit("preload_failed", model=model_id, error=exc.message)
+            return
+        self.pool.start_load(model_id, self.settings.default_priority).add_done_callback(done)
+
     async def stop(self) -> None:
+        await self.jobs.shutdown()
         for task in self._loops:
             task.cancel()
         for task in self._loops:

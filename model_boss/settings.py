@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     allow_cloud_fallback: bool = True
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
     preload: list[str] = Field(default_factory=list)
+    ram_reserve_mb: int = Field(default=4096, ge=0)
+    max_offloaded_mb: int | None = Field(default=None, ge=0)
+    job_result_ttl_s: float = Field(default=3600.0, gt=0)
+    max_jobs: int = Field(default=1000, ge=1)
     log_level: str = "INFO"
 
     @field_validator("manifests", mode="before")

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from ..coordinator import Coordinator
 from ..settings import Settings
-from . import admin, openai
+from . import admin, images, jobs, openai
 
 try:  # TEMP until leases router lands
     from . import leases
@@ -47,6 +47,8 @@ def create_app(settings: Settings | None = None, *,
 
     app.include_router(openai.router)
     app.include_router(admin.router)
+    app.include_router(images.router)
+    app.include_router(jobs.router)
     if leases is not None:
         app.include_router(leases.router)
     return app

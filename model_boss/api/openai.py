@@ -89,10 +89,10 @@ def _check_common(body: dict[str, Any]) -> None:
 async def _endpoint(request: Request, endpoint: str, validate) -> Response:
     coord = coordinator_of(request)
     body = await read_json_body(request, coord.settings.max_body_bytes)
-    ext = pop_extensions(body, request)
+    ext = pop_extensions(body, request.headers)
     validate(body)
     started = time.monotonic()
-    response = await serve(request, endpoint, body, ext)
+    response = await serve(coord, endpoint, body, ext, request=request)
     coord.metrics.observe_request(body.get("model", "?"), endpoint, response.status_code,
                                   time.monotonic() - started)
     return response

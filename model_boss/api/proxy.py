@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -49,9 +49,11 @@ def coordinator_of(request: Request) -> Coordinator:
     return request.app.state.coordinator
 
 
-async def serve(request: Request, endpoint: str, body: dict[str, Any],
-                ext: Extensions) -> Response:
-    coord = coordinator_of(request)
+async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
+                request: Request | None = None,
+                on_dispatch: Callable[[SlotTicket], None] | None = None) -> Response:
+    """Route ``body`` and serve it. ``request`` (the client connection) lets a disconnect
+    cancel the work; ``on_dispatch`` is told when a slot has been granted (jobs use it)."""
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
     profile = settings.clients.get(client_id)
@@ -88,7 +90,8 @@ async def serve(request: Request, endpoint: str, body: dict[str, Any],
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None)
         try:
-            return await _serve_on(request, coord, queued, dict(body, model=model_id), ext)
+            return await _serve_on(request, coord, queued, dict(body, model=model_id), ext,
+                                   on_dispatch)
         except FALLBACK_ERRORS as exc:
             last_error = exc
             if position + 1 >= len(plan.candidates):
@@ -98,8 +101,9 @@ async def serve(request: Request, endpoint: str, body: dict[str, Any],
     raise last_error or ModelUnavailable("no candidate could serve the request")
 
 
-async def _serve_on(request: Request, coord: Coordinator, queued: QueuedRequest,
-                    body: dict[str, Any], ext: Extensions) -> Response:
+async def _serve_on(request: Request | None, coord: Coordinator, queued: QueuedRequest,
+                    body: dict[str, Any], ext: Extensions,
+                    on_dispatch: Callable[[SlotTicket], None] | None) -> Response:
     entry = coord.catalog.get_available(queued.model_id)
     manifest = entry.manifest
     try:
@@ -107,6 +111,8 @@ async def _serve_on(request: Request, coord: Coordinator, queued: QueuedRequest,
     except ClientDisconnected:
         return Response(status_code=499)
     headers = {MODEL_HEADER: manifest.id, "x-model-boss-queue-wait-s": str(ticket.waited_s)}
+    if on_dispatch is not None:
+        on_dispatch(ticket)
     stream = bool(body.get("stream"))
     endpoint = queued.endpoint
     thinking = ext.thinking if ext.thinking is not None else manifest.thinking

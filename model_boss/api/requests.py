@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -68,18 +68,19 @@ def _number(value: Any, name: str, *, integer: bool = False, low: float | None =
     return number
 
 
-def pop_extensions(body: dict[str, Any], request: Request) -> Extensions:
-    """Remove every ``x_*`` key from ``body`` and return the ones we understand."""
+def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:
+    """Remove every ``x_*`` key from ``body`` and return the ones we understand; the
+    ``X-Client-Id`` / ``X-Priority`` headers fill in what the body does not say."""
     found = {key: body.pop(key) for key in [k for k in body if k.startswith("x_")]}
     ext = Extensions()
-    client = found.pop("x_client_id", None) or request.headers.get("x-client-id")
+    client = found.pop("x_client_id", None) or headers.get("x-client-id")
     if client is not None:
         if not isinstance(client, str) or not client or len(client) > 200:
             raise BadRequest("x_client_id must be a non-empty string", param="x_client_id")
         ext.client_id = client
     priority = found.pop("x_priority", None)
     if priority is None:
-        priority = request.headers.get("x-priority")
+        priority = headers.get("x-priority")
     if priority is not None:
         ext.priority = int(_number(priority, "x_priority", integer=True, low=0, high=100))
     if (budget := found.pop("x_budget_s", None)) is not None:
@@ -105,8 +106,11 @@ async def _until_disconnected(request: Request) -> None:
             return
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it and raise ClientDisconnected."""
+async def unless_disconnected(request: Request | None, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client goes away first, cancel it and raise ClientDisconnected.
+    With no client connection (a background job) just await it."""
+    if request is None:
+        return await work
     job = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_until_disconnected(request))
     try:

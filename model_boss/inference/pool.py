@@ -149,19 +149,22 @@ class ModelPool:
         return task
 
     async def load(self, model_id: str, priority: int) -> ModelSlot:
-        """Make ``model_id`` READY: place it, evict one idle slot at a time until it fits."""
+        """Make ``model_id`` READY: place it, evict one idle slot at a time until it fits.
+
+        An OFFLOADED slot (weights parked in CPU RAM) is onloaded into the same worker
+        process instead of a cold start."""
         slot = self.slot(model_id)
         entry = self.catalog.get_available(model_id)
         if slot.state == SlotState.READY:
             return slot
-        if slot.state == SlotState.OFFLOADED:
-            return await self._onload(slot, priority)
         estimate = self.estimate(entry)
         slot.estimate = estimate
         placement: Placement | None = None
         while True:
             async with self._lock:
-                if slot.state != SlotState.IDLE:
+                if slot.state == SlotState.READY:
+                    return slot
+                if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
                     raise LoadFailed(f"'{model_id}' is {slot.state}; cannot load now",
                                      retry_after_s=2)
                 if not self.needs_vram(entry):
@@ -178,6 +181,8 @@ class ModelPool:
                         placement = None  # someone outside took it between read and acquire
                     else:
                         slot.placement = placement
+                        if slot.state == SlotState.OFFLOADED:
+                            return await self._onload(slot, priority)
                         slot.transition(SlotState.LOADING, f"load on GPUs {placement.gpus}")
                         break
                 victims = victims_for(
@@ -224,12 +229,111 @@ class ModelPool:
         slot.last_error = None
         slot.transition(SlotState.READY, f"loaded in {slot.last_load_s}s")
         slot.touch(priority)
+        await self._learn_footprint(slot, backend)
         self.events.emit("loaded", model=slot.model_id, seconds=slot.last_load_s,
                          pid=backend.pid, port=slot.port)
         return slot
 
     async def _onload(self, slot: ModelSlot, priority: int) -> ModelSlot:
-        raise LoadFailed(f"'{slot.model_id}' is offloaded and this pool cannot onload it")
+        """OFFLOADED → READY in the same worker (called under the pool lock, lease held)."""
+        started = time.monotonic()
+        try:
+            assert slot.backend is not None
+            report = await slot.backend.onload()
+        except BaseException as exc:
+            await self._release_lease(slot)
+            self.events.emit("onload_failed", model=slot.model_id, error=str(exc))
+            if slot.state == SlotState.OFFLOADED:  # the worker is unusable: stop it
+                slot.transition(SlotState.STOPPING, "onload failed")
+                backend, slot.backend = slot.backend, None
+                if backend is not None:
+                    with contextlib.suppress(Exception):
+                        await backend.stop()
+                slot.ram_reserved_mb = 0
+                slot.transition(SlotState.IDLE, "onload failed")
+            raise
+        seconds = round(time.monotonic() - started, 3)
+        slot.ram_reserved_mb = 0
+        slot.last_onload_s = seconds
+        slot.transition(SlotState.READY, f"onloaded in {seconds}s")
+        slot.touch(priority)
+        self.events.emit("onloaded", model=slot.model_id, seconds=seconds,
+                         worker_seconds=report.get("seconds"))
+        return slot
+
+    # -- the CPU-RAM tier -----------------------------------------------------------------
+
+    def ram_available_mb(self) -> int:
+        """RAM that offloaded pipelines may still take: psutil available − reserve, capped."""
+        import psutil
+
+        available = psutil.virtual_memory().available // 2**20 - self.settings.ram_reserve_mb
+        cap = self.settings.max_offloaded_mb
+        if cap is not None:
+            available = min(available, cap - self.offloaded_mb())
+        return int(available)
+
+    def offloaded_mb(self) -> int:
+        return sum(s.ram_reserved_mb for s in self.slots.values()
+                   if s.state == SlotState.OFFLOADED)
+
+    def _footprint_mb(self, slot: ModelSlot) -> int:
+        if slot.measured_mb:
+            return slot.measured_mb
+        return slot.estimate.mb if slot.estimate else self.estimate(slot.entry).mb
+
+    async def _make_ram_room(self, need_mb: int, exclude: str) -> bool:
+        """Stop least recently used offloaded slots until ``need_mb`` fits in the RAM budget."""
+        while self.ram_available_mb() < need_mb:
+            parked = sorted((s for s in self.slots.values()
+                             if s.state == SlotState.OFFLOADED and s.model_id != exclude
+                             and not s.pinned and s.active == 0),
+                            key=lambda s: s.last_used)
+            if not parked:
+                return False
+            await self._stop(parked[0], "RAM budget: least recently used offloaded slot")
+        return True
+
+    async def _offload(self, slot: ModelSlot, reason: str) -> bool:
+        """READY → OFFLOADED: weights to CPU RAM, VRAM lease released. False → not possible."""
+        backend = slot.backend
+        if backend is None or not getattr(backend, "can_offload", False) \
+                or slot.state != SlotState.READY or slot.active:
+            return False
+        need = self._footprint_mb(slot)
+        if not await self._make_ram_room(need, exclude=slot.model_id):
+            self.events.emit("offload_skipped", model=slot.model_id, need_mb=need,
+                             ram_available_mb=self.ram_available_mb())
+            return False
+        started = time.monotonic()
+        try:
+            report = await backend.offload()
+        except Exception as exc:
+            self.events.emit("offload_failed", model=slot.model_id, error=str(exc))
+            return False
+        slot.transition(SlotState.OFFLOADED, reason)
+        slot.ram_reserved_mb = need
+        await self._release_lease(slot)
+        self.events.emit("offloaded", model=slot.model_id, reason=reason, ram_mb=need,
+                         seconds=round(time.monotonic() - started, 3),
+                         freed_mb=report.get("freed_mb"))
+        self.on_change()
+        return True
+
+    async def _learn_footprint(self, slot: ModelSlot, backend: InferenceBackend) -> None:
+        """The worker's measured footprint becomes the model's learned VRAM figure."""
+        try:
+            report = await backend.report()
+        except Exception as exc:
+            log.debug("no report from %s: %s", slot.model_id, exc)
+            return
+        measured = report.get("footprint_mb") or (report.get("memory") or {}).get(
+            "cuda_allocated_mb")
+        if measured:
+            slot.measured_mb = int(measured)
+            self.learned_vram_mb[slot.model_id] = int(measured)
+            self.events.emit("measured", model=slot.model_id, vram_mb=int(measured),
+                             loads_from_disk=report.get("loads_from_disk"))
 
     def _worker_exited(self, slot: ModelSlot, backend: InferenceBackend, code: int) -> None:
         """A worker died on its own: back to IDLE, lease released, next request reloads."""
@@ -260,9 +364,13 @@ class ModelPool:
                 log.warning("releasing lease %s of %s failed: %s", lease.id, slot.model_id, exc)
 
     async def _evict(self, slot: ModelSlot, reason: str) -> None:
-        self.events.emit("evicted", model=slot.model_id, reason=reason,
+        """Free the slot's VRAM: park it in CPU RAM when its backend can and RAM allows,
+        else stop it (disk tier)."""
+        tier = "cpu" if await self._offload(slot, f"evicted: {reason}") else "disk"
+        self.events.emit("evicted", model=slot.model_id, reason=reason, tier=tier,
                          last_priority=slot.last_priority)
-        await self._stop(slot, f"evicted: {reason}")
+        if tier == "disk":
+            await self._stop(slot, f"evicted: {reason}")
 
     async def _stop(self, slot: ModelSlot, reason: str) -> None:
         """Stop a READY/OFFLOADED slot. The state check and STOPPING happen with no await

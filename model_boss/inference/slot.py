@@ -63,6 +63,7 @@ class ModelSlot:
     active: int = 0
     loads: int = 0
     last_load_s: float | None = None
+    last_onload_s: float | None = None
     loaded_at: float | None = None
     measured_mb: int | None = None
     last_error: str | None = None
@@ -135,6 +136,7 @@ class ModelSlot:
             "unload_at": self.unload_at,
             "loads": self.loads,
             "last_load_s": self.last_load_s,
+            "last_onload_s": self.last_onload_s,
             "loaded_at": self.loaded_at,
             "last_error": self.last_error,
             "ram_reserved_mb": self.ram_reserved_mb,

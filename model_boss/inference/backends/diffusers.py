@@ -1,0 +1,102 @@
+"""DiffusersBackend: ``workers/diffusers_worker.py`` — text-to-image with a CPU-RAM tier."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from ...errors import BadRequest, WorkerCrashed
+from ...gpu.placement import Placement
+from ..backend import HttpWorkerBackend, UpstreamResponse, upstream_error
+
+IMAGES_ENDPOINT = "/v1/images/generations"
+WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n")
+
+
+class DiffusersBackend(HttpWorkerBackend):
+    """Spawns the diffusers worker; offload/onload move the pipeline between VRAM and RAM."""
+
+    can_offload = True
+    health_path = "/health"
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        m = self.manifest
+        argv = [sys.executable, "-m", "workers.diffusers_worker", "--model", str(self.entry.path),
+                "--host", "127.0.0.1", "--port", str(port), "--device", "auto",
+                "--dtype", m.dtype, "--offload", m.offload,
+                "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",
+                "--vram-margin-mb", str(self.settings.vram_margin_mb),
+                "--parent-pid", str(os.getpid())]
+        argv.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
+        if m.offload == "balanced" and placement is not None and len(placement.gpus) > 1:
+            # CUDA_VISIBLE_DEVICES renumbers the chosen GPUs from 0
+            memory = {str(i): f"{mb}MiB" for i, mb in
+                      enumerate(placement.allocations[g] for g in placement.gpus)}
+            argv += ["--max-memory", json.dumps(memory)]
+        return argv + list(m.args)
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = super().environment(placement)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return env
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        if endpoint != IMAGES_ENDPOINT:
+            raise BadRequest(f"'{self.manifest.id}' is a diffusion model; it serves "
+                             f"{IMAGES_ENDPOINT} only", param="model",
+                             code="unsupported_endpoint")
+        worker_body = {k: body[k] for k in WORKER_FIELDS if body.get(k) is not None}
+        answer = await self.proxy("POST", "/generate", worker_body, stream=False)
+        result = orjson.loads(answer.body or b"{}")
+        data = [{"b64_json": image, "revised_prompt": body.get("prompt")}
+                for image in result.get("images", [])]
+        out = {"created": int(time.time()), "data": data,
+               "x_model_boss": {k: result.get(k) for k in
+                                ("seed", "timings", "memory_decisions", "device")}}
+        return UpstreamResponse(200, {"content-type": "application/json"},
+                                body=orjson.dumps(out))
+
+    async def _post(self, path: str) -> dict[str, Any]:
+        if self._client is None:
+            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
+        try:
+            response = await self._client.post(path, timeout=self.settings.request_timeout_s)
+        except httpx.TransportError as exc:
+            raise self.crashed(exc) from exc
+        if response.status_code >= 400:
+            raise upstream_error(self.manifest.id, response.status_code, response.content)
+        return response.json()
+
+    async def offload(self) -> dict[str, Any]:
+        return await self._post("/offload")
+
+    async def onload(self) -> dict[str, Any]:
+        return await self._post("/onload")
+
+    async def report(self) -> dict[str, Any]:
+        if self._client is None:
+            return {}
+        try:
+            response = await self._client.get("/health", timeout=5)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}
+
+    async def progress(self) -> dict[str, Any]:
+        if self._client is None:
+            return {}
+        try:
+            response = await self._client.get("/progress", timeout=2)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}
