@@ -228,3 +228,48 @@ def test_client_that_disconnects_leaves_the_queue(server):
     impatient = next(c for c in server.status()["queue"]["clients"]
                      if c["client_id"] == "impatient")
     assert impatient["succeeded"] == 0 and impatient["in_flight"] == 0
+
+
+def poll_job(server, job_id, until=("succeeded", "failed", "cancelled"), timeout=60):
+    return wait_for(lambda: (lambda j: j if j["status"] in until else None)(
+        httpx.get(f"{server.url}/api/v1/jobs/{job_id}").json()), timeout=timeout)
+
+
+def test_chat_job_submit_poll_list(server):
+    submitted = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/chat/completions",
+        "body": {"model": "smol", "max_tokens": 8, "x_client_id": "jobber",
+                 "messages": [{"role": "user", "content": "hi"}]}})
+    assert submitted.status_code == 202
+    job = submitted.json()
+    assert job["status"] in ("queued", "loading") and job["id"].startswith("job-")
+    done = poll_job(server, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["result"]["choices"][0]["message"]["content"]
+    assert done["model"] == "smol" and done["timings"]["total_s"] > 0
+    listed = httpx.get(server.url + "/api/v1/jobs?client_id=jobber").json()["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]]
+    assert httpx.get(server.url + "/api/v1/jobs?client_id=nobody").json()["jobs"] == []
+
+
+def test_job_cancel_and_errors(server):
+    long = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/completions",
+        "body": {"model": "smol", "max_tokens": 1500, "prompt": "Once upon a time"}}).json()
+    poll_job(server, long["id"], until=("running",), timeout=60)
+    cancelled = httpx.delete(f"{server.url}/api/v1/jobs/{long['id']}").json()
+    assert cancelled["status"] == "cancelled"
+    wait_for(lambda: all(s["active_requests"] == 0 for s in server.status()["slots"]),
+             timeout=10)
+    bad = httpx.post(server.url + "/api/v1/jobs", json={"endpoint": "/v1/nope", "body": {}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "endpoint"
+    bad = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/chat/completions", "body": {"model": "smol"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+    failed = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/chat/completions",
+        "body": {"model": "ghost", "messages": [{"role": "user", "content": "x"}]}}).json()
+    failed = poll_job(server, failed["id"])
+    assert failed["status"] == "failed" and failed["error"]["code"] == "model_unavailable"
+    missing = httpx.get(server.url + "/api/v1/jobs/job-doesnotexist")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
