@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 from typing import Any
@@ -25,6 +26,7 @@ VALIDATORS = {
     "/v1/chat/completions": openai.validate_chat,
     "/v1/completions": openai.validate_completion,
     "/v1/embeddings": openai.validate_embedding,
+    "/v1/audio/speech": openai.validate_speech,
 }
 ENDPOINTS = (*VALIDATORS, "/v1/images/generations")
 
@@ -64,6 +66,9 @@ def make_runner(coord: Coordinator, base_url_of):
                     await watcher
         job.timings["run_s"] = round(time.monotonic() - started - job.timings.get(
             "waited_s", 0.0), 3)
+        if response.media_type and "json" not in response.media_type:
+            return {"content_type": response.media_type,
+                    "b64": base64.b64encode(response.body).decode()}
         return orjson.loads(response.body)
 
     return run

@@ -108,6 +108,20 @@ async def completions(request: Request) -> Response:
     return await _endpoint(request, "/v1/completions", validate_completion)
 
 
+def validate_speech(body: dict[str, Any]) -> None:
+    _check_model(body)
+    text = _require(body, "input", str, "a non-empty string")
+    if len(text) > 4096:
+        raise BadRequest("'input' is longer than 4096 characters", param="input")
+    if "voice" in body and not isinstance(body["voice"], str):
+        raise BadRequest("'voice' must be a string", param="voice")
+
+
+@router.post("/v1/audio/speech")
+async def speech(request: Request) -> Response:
+    return await _endpoint(request, "/v1/audio/speech", validate_speech)
+
+
 @router.post("/v1/embeddings")
 async def embeddings(request: Request) -> Response:
     return await _endpoint(request, "/v1/embeddings", validate_embedding)
