@@ -150,7 +150,12 @@ class HttpWorkerBackend:
             await self._client.aclose()
             self._client = None
 
-    def crashed(self, exc: Exception) -> WorkerCrashed:
+    async def crashed(self, exc: Exception) -> WorkerCrashed:
+        """The error for a broken worker connection; waits a moment for the exit status."""
+        if self.process is not None and self.process.running:
+            deadline = time.monotonic() + 0.5
+            while self.process.running and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
         code = self.process.returncode if self.process else None
         state = f"exited with {code}" if code is not None else "broke the connection"
         last = self.process.last_line() if self.process else ""
@@ -171,12 +176,12 @@ class HttpWorkerBackend:
         try:
             response = await self._client.send(request, stream=stream)
         except httpx.TransportError as exc:
-            raise self.crashed(exc) from exc
+            raise await self.crashed(exc) from exc
         if response.status_code >= 400:
             try:
                 raw = await response.aread()
             except httpx.TransportError as exc:
-                raise self.crashed(exc) from exc
+                raise await self.crashed(exc) from exc
             finally:
                 await response.aclose()
             raise upstream_error(self.manifest.id, response.status_code, raw)
@@ -190,7 +195,7 @@ class HttpWorkerBackend:
             async for chunk in response.aiter_raw():
                 yield chunk
         except httpx.TransportError as exc:
-            raise self.crashed(exc) from exc
+            raise await self.crashed(exc) from exc
         finally:
             await response.aclose()
 

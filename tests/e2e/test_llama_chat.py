@@ -184,7 +184,7 @@ def test_worker_killed_during_stream_gives_error_event(server):
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == "worker_failed" and error["type"] == "server_error"
-    assert "smol" in error["message"]
+    assert "smol" in error["message"] and "exited with -9" in error["message"]
     assert not pid_alive(pid)
     wait_for(lambda: server.status()["gpus"][0]["leased_mb"] == 0, timeout=10)
     events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]

@@ -72,7 +72,7 @@ class DiffusersBackend(HttpWorkerBackend):
         try:
             response = await self._client.post(path, timeout=self.settings.request_timeout_s)
         except httpx.TransportError as exc:
-            raise self.crashed(exc) from exc
+            raise await self.crashed(exc) from exc
         if response.status_code >= 400:
             raise upstream_error(self.manifest.id, response.status_code, response.content)
         return response.json()
