@@ -145,6 +145,9 @@ def test_x_fields_are_stripped_and_headers_accepted(server):
 
 
 def _ready_pid(server) -> int:
+    """Load the model if it is not loaded, and return its worker's pid."""
+    warm = {"model": "smol", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=warm, timeout=60).is_success
     slot = wait_for(lambda: next((s for s in server.status()["slots"]
                                   if s["model"] == "smol" and s["state"] == "ready"), None),
                     timeout=60)
