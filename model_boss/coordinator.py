@@ -34,6 +34,7 @@ class Coordinator:
         self.settings = settings
         self.events = EventBus()
         self.metrics = Metrics()
+        self.events.listen(self.metrics.on_event)
         self.started_at = time.time()
         self.catalog = Catalog(load_manifests(settings.manifests), settings.models_path)
         self.nvml = open_nvml() if settings.use_nvml else None

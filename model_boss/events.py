@@ -17,6 +17,7 @@ class EventBus:
     def __init__(self, keep: int = 500) -> None:
         self._recent: deque[dict[str, Any]] = deque(maxlen=keep)
         self._subscribers: set[asyncio.Queue] = set()
+        self._listeners: list = []
         self._seq = 0
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -24,6 +25,8 @@ class EventBus:
         event = {"seq": self._seq, "ts": time.time(), "type": kind, **fields}
         self._recent.append(event)
         log.info("%s %s", kind, " ".join(f"{k}={v}" for k, v in fields.items()))
+        for listener in self._listeners:
+            listener(event)
         for queue in list(self._subscribers):
             try:
                 queue.put_nowait(event)
@@ -36,6 +39,10 @@ class EventBus:
             e for e in self._recent
             if (kind is None or e["type"] == kind) and (model is None or e.get("model") == model)
         ]
+
+    def listen(self, callback) -> None:
+        """Call ``callback(event)`` synchronously for every event (metrics use this)."""
+        self._listeners.append(callback)
 
     def subscribe(self) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(maxsize=1000)

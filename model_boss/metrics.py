@@ -22,12 +22,21 @@ class Metrics:
                               registry=self.registry)
         self.loads = Counter("model_boss_loads_total", "Model loads", ["model"],
                              registry=self.registry)
+        self.load_seconds = Histogram("model_boss_load_seconds", "Cold load time", ["model"],
+                                      buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+                                      registry=self.registry)
         self.events = Counter("model_boss_events_total", "Events emitted", ["type"],
                               registry=self.registry)
 
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(model, endpoint, str(status)).inc()
         self.latency.labels(model, endpoint).observe(seconds)
+
+    def on_event(self, event: dict) -> None:
+        self.events.labels(event["type"]).inc()
+        if event["type"] == "loaded":
+            self.loads.labels(event.get("model", "?")).inc()
+            self.load_seconds.labels(event.get("model", "?")).observe(event.get("seconds", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

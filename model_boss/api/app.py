@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -41,9 +42,18 @@ def create_app(settings: Settings | None = None, *,
     install_error_handlers(app)
 
     @app.middleware("http")
-    async def _auth(request: Request, call_next) -> Response:
+    async def _auth_and_metrics(request: Request, call_next) -> Response:
         denied = _check_key(request, coord.settings)
-        return denied if denied is not None else await call_next(request)
+        if denied is not None:
+            return denied
+        started = time.monotonic()
+        response = await call_next(request)
+        path = request.url.path
+        if path.startswith("/v1/") and request.method == "POST":
+            coord.metrics.observe_request(response.headers.get("x-model-boss-model", "-"),
+                                          path, response.status_code,
+                                          time.monotonic() - started)
+        return response
 
     app.include_router(openai.router)
     app.include_router(admin.router)

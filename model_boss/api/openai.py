@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -91,11 +90,7 @@ async def _endpoint(request: Request, endpoint: str, validate) -> Response:
     body = await read_json_body(request, coord.settings.max_body_bytes)
     ext = pop_extensions(body, request.headers)
     validate(body)
-    started = time.monotonic()
-    response = await serve(coord, endpoint, body, ext, request=request)
-    coord.metrics.observe_request(body.get("model", "?"), endpoint, response.status_code,
-                                  time.monotonic() - started)
-    return response
+    return await serve(coord, endpoint, body, ext, request=request)
 
 
 @router.post("/v1/chat/completions")

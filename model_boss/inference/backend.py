@@ -153,9 +153,7 @@ class HttpWorkerBackend:
     async def crashed(self, exc: Exception) -> WorkerCrashed:
         """The error for a broken worker connection; waits a moment for the exit status."""
         if self.process is not None and self.process.running:
-            deadline = time.monotonic() + 0.5
-            while self.process.running and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await self.process.wait_exit(0.5)
         code = self.process.returncode if self.process else None
         state = f"exited with {code}" if code is not None else "broke the connection"
         last = self.process.last_line() if self.process else ""

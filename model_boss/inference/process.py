@@ -123,6 +123,16 @@ class WorkerProcess:
                 except Exception:
                     log.exception("exit handler for %s failed", self.name)
 
+    async def wait_exit(self, timeout_s: float) -> int | None:
+        """The exit status if the process ends within ``timeout_s``, else None."""
+        if self._proc is None:
+            return None
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._proc.wait()
+        except TimeoutError:
+            return None
+
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the process group, then SIGKILL after ``grace_s``; returns the exit code."""
         self._stopping = True
