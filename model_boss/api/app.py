@@ -12,12 +12,7 @@ from fastapi.responses import Response
 
 from ..coordinator import Coordinator
 from ..settings import Settings
-from . import admin, images, jobs, openai
-
-try:  # TEMP until leases router lands
-    from . import leases
-except ImportError:  # pragma: no cover
-    leases = None
+from . import admin, images, jobs, leases, openai
 from .errors import envelope, install_error_handlers
 
 _OPEN_PATHS = {"/health", "/metrics"}
@@ -59,8 +54,7 @@ def create_app(settings: Settings | None = None, *,
     app.include_router(admin.router)
     app.include_router(images.router)
     app.include_router(jobs.router)
-    if leases is not None:
-        app.include_router(leases.router)
+    app.include_router(leases.router)
     return app
 
 

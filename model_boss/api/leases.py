@@ -1,0 +1,78 @@
+"""The HTTP lease API: outside jobs (training runs, notebooks) take VRAM through GPUBoss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import LeaseNotFound
+from ..gpu import GPUBoss
+
+router = APIRouter()
+
+
+class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(default="external", min_length=1, max_length=64)
+    holder: str | None = Field(default=None, max_length=200)
+    vram_mb: int | None = Field(default=None, gt=0)
+    gpu: int | None = Field(default=None, ge=0)
+    allocations: dict[int, int] | None = None
+    priority: int = Field(default=5, ge=0, le=100)
+    ttl_s: float | None = Field(default=None, gt=0, le=3600)
+    note: str = Field(default="", max_length=500)
+
+
+class RenewRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: float | None = Field(default=None, gt=0, le=3600)
+
+
+def boss_of(request: Request) -> GPUBoss:
+    return request.app.state.boss
+
+
+@router.get("/api/v1/leases")
+async def list_leases(request: Request) -> dict[str, Any]:
+    boss = boss_of(request)
+    return {"leases": [lease.to_dict() for lease in await boss.leases()],
+            "gpus": [usage.to_dict() for usage in await boss.usage()]}
+
+
+@router.post("/api/v1/leases", status_code=201)
+async def acquire_lease(request: Request, body: LeaseRequest) -> JSONResponse:
+    """Granted leases are renewed by their holder (``/renew``), not by the daemon."""
+    boss = boss_of(request)
+    lease = await boss.acquire(
+        kind=body.kind, allocations=body.allocations, vram_mb=body.vram_mb, gpu=body.gpu,
+        priority=body.priority, ttl_s=body.ttl_s,
+        holder=body.holder or f"http:{request.client.host if request.client else '?'}",
+        note=body.note, heartbeat=False)
+    return JSONResponse(lease.to_dict(), status_code=201)
+
+
+@router.post("/api/v1/leases/{lease_id}/renew")
+async def renew_lease(request: Request, lease_id: str,
+                      body: RenewRequest | None = None) -> dict[str, Any]:
+    lease = await boss_of(request).renew(lease_id, body.ttl_s if body else None)
+    return lease.to_dict()
+
+
+@router.delete("/api/v1/leases/{lease_id}")
+async def release_lease(request: Request, lease_id: str) -> dict[str, Any]:
+    if not await boss_of(request).release(lease_id):
+        raise LeaseNotFound(f"lease {lease_id} does not exist or has expired")
+    return {"id": lease_id, "released": True}
+
+
+@router.get("/api/v1/gpus")
+async def gpus(request: Request) -> dict[str, Any]:
+    boss = boss_of(request)
+    usage = {u.index: u for u in await boss.usage()}
+    return {"gpus": [{**g.to_dict(), **(usage[g.index].to_dict() if g.index in usage else {})}
+                     for g in boss.gpus]}

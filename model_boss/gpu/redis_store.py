@@ -1,0 +1,149 @@
+"""RedisLeaseStore: leases shared by every process and host that points at one Redis.
+
+Each operation that reads and writes is one Lua script, so an acquire is atomic across
+processes: live leases are summed per GPU, expired ones dropped (Redis ``TIME`` is the clock),
+and the new lease is written only if every GPU it asks for has room.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis.asyncio as redis
+
+from ..errors import StoreUnavailable
+from .lease import Lease
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+ACQUIRE = _NOW + """
+local all = redis.call('HGETALL', KEYS[1])
+local used = {}
+for i = 1, #all, 2 do
+  local held = cjson.decode(all[i + 1])
+  if tonumber(held.expires_at) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    for gpu, mb in pairs(held.allocations) do
+      used[gpu] = (used[gpu] or 0) + tonumber(mb)
+    end
+  end
+end
+local lease = cjson.decode(ARGV[1])
+local limits = cjson.decode(ARGV[2])
+for gpu, mb in pairs(lease.allocations) do
+  local limit = limits[gpu]
+  if limit == nil then return {0, 'unknown GPU ' .. gpu} end
+  if (used[gpu] or 0) + tonumber(mb) > tonumber(limit) then return {0, 'GPU ' .. gpu} end
+end
+lease.expires_at = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], lease.id, cjson.encode(lease))
+return {1, tostring(lease.expires_at)}
+"""
+
+RENEW = _NOW + """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local lease = cjson.decode(raw)
+if tonumber(lease.expires_at) <= now then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return false
+end
+lease.ttl_s = tonumber(ARGV[2])
+lease.expires_at = now + tonumber(ARGV[2])
+local encoded = cjson.encode(lease)
+redis.call('HSET', KEYS[1], ARGV[1], encoded)
+return encoded
+"""
+
+LIVE = _NOW + """
+local all = redis.call('HGETALL', KEYS[1])
+local live = {}
+for i = 1, #all, 2 do
+  local held = cjson.decode(all[i + 1])
+  if tonumber(held.expires_at) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    table.insert(live, all[i + 1])
+  end
+end
+return live
+"""
+
+
+class RedisLeaseStore:
+    """The :class:`~model_boss.gpu.lease.LeaseStore` over Redis (``redis://`` URL)."""
+
+    def __init__(self, url: str, prefix: str = "model-boss") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._redis = redis.from_url(url)
+        self._acquire = self._redis.register_script(ACQUIRE)
+        self._renew = self._redis.register_script(RENEW)
+        self._live = self._redis.register_script(LIVE)
+
+    @property
+    def _leases_key(self) -> str:
+        return f"{self.prefix}:leases"
+
+    @property
+    def _gpus_key(self) -> str:
+        return f"{self.prefix}:gpus"
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        return StoreUnavailable(f"lease store: Redis at {self.url} unreachable: {exc}",
+                                retry_after_s=5)
+
+    async def acquire(self, lease: Lease, limits: dict[int, int]) -> bool:
+        data = lease.to_dict()
+        data.pop("vram_mb", None)
+        try:
+            granted, value = await self._acquire(
+                keys=[self._leases_key],
+                args=[json.dumps(data), json.dumps({str(k): v for k, v in limits.items()}),
+                      lease.ttl_s])
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+        if int(granted) != 1:
+            return False
+        lease.expires_at = float(value)
+        return True
+
+    async def renew(self, lease_id: str, ttl_s: float) -> Lease | None:
+        try:
+            raw = await self._renew(keys=[self._leases_key], args=[lease_id, ttl_s])
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+        return Lease.from_dict(json.loads(raw)) if raw else None
+
+    async def release(self, lease_id: str) -> bool:
+        try:
+            return bool(await self._redis.hdel(self._leases_key, lease_id))
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    async def list(self) -> list[Lease]:
+        try:
+            raws = await self._live(keys=[self._leases_key])
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+        return [Lease.from_dict(json.loads(raw)) for raw in raws]
+
+    async def publish_inventory(self, gpus: list[dict]) -> None:
+        try:
+            await self._redis.set(self._gpus_key, json.dumps(gpus))
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    async def inventory(self) -> list[dict]:
+        try:
+            raw = await self._redis.get(self._gpus_key)
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+        return json.loads(raw) if raw else []
+
+    async def close(self) -> None:
+        await self._redis.aclose()

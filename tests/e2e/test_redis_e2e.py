@@ -1,0 +1,61 @@
+"""A coordinator on a real Redis: shared leases with an outside job, persisted config."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from model_boss.gpu import GPUBoss
+from tests.conftest import ServerProcess, llama_manifest
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+
+def test_outside_training_lease_and_config_persistence(tmp_path, demo_gguf, redis_url):
+    redis_db = redis_url.rsplit("/", 1)[0] + "/3"  # a database of its own
+    config = {"redis_url": redis_db, "lease_ttl_s": 5,
+              "gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}]}
+    manifests = [llama_manifest("smol", demo_gguf, vram_mb=3000)]
+    server = ServerProcess(tmp_path, config, manifests).start()
+    try:
+        assert server.status()["lease_store"] == "redis"
+
+        async def training_then_chat():
+            outside = GPUBoss.from_url(redis_db)  # inventory comes from the daemon
+            async with outside.lease(vram_mb=2000, kind="training") as lease:
+                listed = httpx.get(server.url + "/api/v1/leases").json()["leases"]
+                assert [item["id"] for item in listed] == [lease.id]
+                async with httpx.AsyncClient(timeout=60) as client:
+                    blocked = await client.post(server.url + "/v1/chat/completions", json={
+                        "model": "smol", "x_budget_s": 1,
+                        "messages": [{"role": "user", "content": "hi"}]})
+            await outside.close()
+            return blocked
+
+        blocked = asyncio.run(training_then_chat())
+        assert blocked.status_code == 503
+        assert blocked.json()["error"]["code"] == "budget_exceeded"
+        ok = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200
+        assert httpx.put(server.url + "/api/v1/config",
+                         json={"allowCloudFallback": False}).status_code == 200
+    finally:
+        server.stop()
+    again = ServerProcess(tmp_path, {**config, "state_dir": str(tmp_path / "other-state")},
+                          manifests)
+    again.config_path = tmp_path / "again.yaml"
+    import yaml
+
+    settings = yaml.safe_load(server.config_path.read_text())
+    settings["state_dir"] = str(tmp_path / "other-state")
+    settings["port"] = again.port
+    again.config_path.write_text(yaml.safe_dump(settings))
+    again.start()
+    try:
+        assert httpx.get(again.url + "/api/v1/config").json() == {"allowCloudFallback": False}
+        assert again.status()["leases"] == []  # the first run released its leases
+    finally:
+        again.stop()
