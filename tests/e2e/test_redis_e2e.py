@@ -25,9 +25,9 @@ def test_outside_training_lease_and_config_persistence(tmp_path, demo_gguf, redi
         async def training_then_chat():
             outside = GPUBoss.from_url(redis_db)  # inventory comes from the daemon
             async with outside.lease(vram_mb=2000, kind="training") as lease:
-                listed = httpx.get(server.url + "/api/v1/leases").json()["leases"]
-                assert [item["id"] for item in listed] == [lease.id]
                 async with httpx.AsyncClient(timeout=60) as client:
+                    listed = (await client.get(server.url + "/api/v1/leases")).json()
+                    assert [item["id"] for item in listed["leases"]] == [lease.id]
                     blocked = await client.post(server.url + "/v1/chat/completions", json={
                         "model": "smol", "x_budget_s": 1,
                         "messages": [{"role": "user", "content": "hi"}]})
