@@ -197,3 +197,20 @@ def redis_prefix(redis_url) -> str:
     import uuid
 
     return "test-" + uuid.uuid4().hex[:8]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA; without it they are skipped, and say why."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
+        for item in gpu_items:
+            item.add_marker(skip)
