@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from ...gpu.placement import Placement
 from ..backend import HttpWorkerBackend, UpstreamResponse, upstream_error
 
 IMAGES_ENDPOINT = "/v1/images/generations"
+_BACKGROUND: set[asyncio.Task] = set()
 WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n")
 
 
@@ -56,7 +58,14 @@ class DiffusersBackend(HttpWorkerBackend):
                              f"{IMAGES_ENDPOINT} only", param="model",
                              code="unsupported_endpoint")
         worker_body = {k: body[k] for k in WORKER_FIELDS if body.get(k) is not None}
-        answer = await self.proxy("POST", "/generate", worker_body, stream=False)
+        try:
+            answer = await self.proxy("POST", "/generate", worker_body, stream=False)
+        except asyncio.CancelledError:
+            # the caller went away (client disconnect, job cancelled): stop denoising too
+            task = asyncio.create_task(self._post("/cancel"))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+            raise
         result = orjson.loads(answer.body or b"{}")
         data = [{"b64_json": image, "revised_prompt": body.get("prompt")}
                 for image in result.get("images", [])]

@@ -1,0 +1,62 @@
+"""A tiny random-weight StableDiffusionPipeline, built here and saved with save_pretrained.
+
+No hub access: the CLIP tokenizer is built from a small vocabulary written to disk.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import tempfile
+from pathlib import Path
+
+
+def _tiny_tokenizer(workdir: Path):
+    from transformers import CLIPTokenizer
+
+    letters = string.ascii_lowercase + string.digits + string.punctuation
+    tokens = ["<|startoftext|>", "<|endoftext|>"]
+    tokens += list(letters) + [c + "</w>" for c in letters]
+    (workdir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (workdir / "merges.txt").write_text("#version: 0.2\n")
+    return CLIPTokenizer(str(workdir / "vocab.json"), str(workdir / "merges.txt"),
+                         model_max_length=32)
+
+
+def build_tiny_sd_pipeline(path: Path) -> Path:
+    """Build and ``save_pretrained`` a ~1 MB StableDiffusionPipeline at ``path``."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, sample_size=8, in_channels=4,
+        out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
+        attention_head_dim=8, norm_num_groups=32)
+    vae = AutoencoderKL(
+        block_out_channels=(32, 64), in_channels=3, out_channels=3,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), latent_channels=4,
+        norm_num_groups=32, sample_size=32)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
+        layer_norm_eps=1e-05, num_attention_heads=4, num_hidden_layers=2, vocab_size=200,
+        max_position_embeddings=32, projection_dim=32))
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = _tiny_tokenizer(Path(tmp))
+        scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012,
+                                  beta_schedule="scaled_linear", clip_sample=False,
+                                  set_alpha_to_one=False, steps_offset=1)
+        pipe = StableDiffusionPipeline(
+            unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+            scheduler=scheduler, safety_checker=None, feature_extractor=None,
+            image_encoder=None, requires_safety_checker=False)
+        pipe.save_pretrained(path, safe_serialization=True)
+    return path

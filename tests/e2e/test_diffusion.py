@@ -1,0 +1,194 @@
+"""Real diffusers on the CPU: a tiny random-weight pipeline built, saved, loaded by the worker."""
+
+from __future__ import annotations
+
+import base64
+import io
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for
+from tests.diffusion_fixtures import build_tiny_sd_pipeline
+
+pytestmark = pytest.mark.slow
+
+ONE_MODEL_GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}]}
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
+
+
+def sd_manifest(path, **extra):
+    return {"id": "tiny-sd", "category": "diffusion", "backend": "diffusers",
+            "path": str(path), "vram_mb": 3000, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_sd, demo_gguf):
+    srv = ServerProcess(tmp_path_factory.mktemp("diffusion"), ONE_MODEL_GPU,
+                        [sd_manifest(tiny_sd), llama_manifest("smol", demo_gguf, vram_mb=3000)])
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def slot(server, model):
+    return next(s for s in server.status()["slots"] if s["model"] == model)
+
+
+def worker_health(server, model="tiny-sd"):
+    return httpx.get(f"http://127.0.0.1:{slot(server, model)['port']}/health").json()
+
+
+def test_openai_client_generates_pngs_of_the_requested_size(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    result = client.images.generate(model="tiny-sd", prompt="a red square", n=2,
+                                    size="64x96", extra_body={"x_steps": 2, "x_seed": 7})
+    assert len(result.data) == 2
+    for item in result.data:
+        image = Image.open(io.BytesIO(base64.b64decode(item.b64_json)))
+        assert image.format == "PNG" and image.size == (64, 96)
+    raw = httpx.post(server.url + "/v1/images/generations", timeout=120, json={
+        "model": "tiny-sd", "prompt": "a red square", "size": "64x64", "x_steps": 2,
+        "x_seed": 7, "response_format": "url"}).json()
+    assert raw["x_model_boss"]["seed"] == 7
+    assert raw["x_model_boss"]["memory_decisions"]["vae"] == "cpu-device"
+    png = httpx.get(raw["data"][0]["url"])
+    assert png.headers["content-type"] == "image/png"
+    assert Image.open(io.BytesIO(png.content)).size == (64, 64)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"size": "63x64"}, "size"), ({"size": "big"}, "size"), ({"size": "0x0"}, "size"),
+    ({"size": "8192x8192"}, "size"), ({"n": 0}, "n"), ({"n": 11}, "n"), ({"prompt": ""}, "prompt"),
+    ({"response_format": "gif"}, "response_format"), ({"x_steps": 0}, "x_steps"),
+])
+def test_bad_image_requests_are_400(server, body, param):
+    response = httpx.post(server.url + "/v1/images/generations",
+                          json={"model": "tiny-sd", "prompt": "x", **body})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+def test_image_job_with_progress_and_a_cancelled_job(server):
+    job = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/images/generations",
+        "body": {"model": "tiny-sd", "prompt": "slow", "size": "256x256", "x_steps": 40,
+                 "x_client_id": "painter"}}).json()
+    seen = set()
+
+    def finished():
+        state = httpx.get(f"{server.url}/api/v1/jobs/{job['id']}").json()
+        if state["progress"].get("step"):
+            seen.add(state["progress"]["step"])
+        return state if state["status"] in ("succeeded", "failed") else None
+
+    done = wait_for(finished, timeout=120, interval=0.1)
+    assert done["status"] == "succeeded", done
+    assert len(done["result"]["data"]) == 1 and done["model"] == "tiny-sd"
+    assert len(seen) >= 2 and max(seen) <= 40
+    doomed = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/images/generations",
+        "body": {"model": "tiny-sd", "prompt": "never", "size": "256x256",
+                 "x_steps": 200}}).json()
+    wait_for(lambda: httpx.get(f"{server.url}/api/v1/jobs/{doomed['id']}").json()[
+        "progress"].get("step"), timeout=60, interval=0.05)
+    cancelled = httpx.delete(f"{server.url}/api/v1/jobs/{doomed['id']}").json()
+    assert cancelled["status"] == "cancelled"
+    # the worker stops denoising and is free again
+    wait_for(lambda: not worker_health(server)["generating"], timeout=20)
+    assert worker_health(server)["progress"]["step"] < 200
+
+
+def test_llm_evicts_diffusion_to_cpu_and_back_without_a_disk_load(server):
+    image = {"model": "tiny-sd", "prompt": "x", "size": "64x64", "x_steps": 1}
+    assert httpx.post(server.url + "/v1/images/generations", json=image,
+                      timeout=120).status_code == 200
+    pid = slot(server, "tiny-sd")["pid"]
+    assert worker_health(server)["loads_from_disk"] == 1
+    chat = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=chat,
+                      timeout=120).status_code == 200
+    parked = slot(server, "tiny-sd")
+    assert parked["state"] == "offloaded" and parked["tier"] == "cpu"
+    assert parked["lease"] is None and parked["ram_reserved_mb"] > 0
+    assert worker_health(server)["tier"] == "cpu"
+    assert server.status()["gpus"][0]["leased_mb"] == 3000  # only the LLM
+    assert httpx.post(server.url + "/v1/images/generations", json=image,
+                      timeout=120).status_code == 200
+    back = slot(server, "tiny-sd")
+    assert back["state"] == "ready" and back["pid"] == pid and back["last_onload_s"] is not None
+    assert worker_health(server)["loads_from_disk"] == 1
+    # The worker's measured footprint is now the model's VRAM figure: the tiny pipeline
+    # comes back beside the LLM instead of evicting it.
+    assert back["vram_estimate"]["rung"] == "measured"
+    assert back["lease"]["vram_mb"] == back["measured_mb"]
+    assert slot(server, "smol")["state"] == "ready"
+    assert server.status()["gpus"][0]["leased_mb"] == 3000 + back["measured_mb"]
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "offloaded" and e["model"] == "tiny-sd" for e in events)
+    assert any(e["type"] == "onloaded" and e["model"] == "tiny-sd" for e in events)
+    assert slot(server, "tiny-sd")["measured_mb"] >= 1
+
+
+def test_without_ram_budget_the_offloaded_slot_is_stopped(make_server, tiny_sd, demo_gguf):
+    server = make_server({**ONE_MODEL_GPU, "max_offloaded_mb": 0},
+                         [sd_manifest(tiny_sd), llama_manifest("smol", demo_gguf,
+                                                               vram_mb=3000)])
+    image = {"model": "tiny-sd", "prompt": "x", "size": "64x64", "x_steps": 1}
+    assert httpx.post(server.url + "/v1/images/generations", json=image,
+                      timeout=120).status_code == 200
+    pid = slot(server, "tiny-sd")["pid"]
+    chat = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=chat,
+                      timeout=120).status_code == 200
+    stopped = slot(server, "tiny-sd")
+    assert stopped["state"] == "idle" and stopped["pid"] is None
+    wait_for(lambda: pid not in server.worker_pids(), timeout=10)
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "offload_skipped" for e in events)
+    assert any(e["type"] == "evicted" and e["tier"] == "disk" for e in events)
+
+
+def test_worker_exits_on_sigterm_and_with_its_parent(tiny_sd):
+    port = free_port()
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers_worker", "--model",
+                               str(tiny_sd), "--port", str(port), "--parent-pid",
+                               str(parent.pid)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _healthy(port), timeout=60)
+        parent.kill()
+        parent.wait()
+        assert worker.wait(timeout=10) == 0  # noticed the parent is gone
+    finally:
+        worker.kill()
+        parent.kill()
+    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers_worker", "--model",
+                               str(tiny_sd), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _healthy(port), timeout=60)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=10)
+        assert time.monotonic() - started < 10
+    finally:
+        worker.kill()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,1 @@
+"""Worker processes the coordinator spawns."""
