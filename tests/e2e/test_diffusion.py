@@ -82,7 +82,7 @@ def test_bad_image_requests_are_400(server, body, param):
 def test_image_job_with_progress_and_a_cancelled_job(server):
     job = httpx.post(server.url + "/api/v1/jobs", json={
         "endpoint": "/v1/images/generations",
-        "body": {"model": "tiny-sd", "prompt": "slow", "size": "256x256", "x_steps": 40,
+        "body": {"model": "tiny-sd", "prompt": "slow", "size": "128x128", "x_steps": 10,
                  "x_client_id": "painter"}}).json()
     seen = set()
 
@@ -95,10 +95,10 @@ def test_image_job_with_progress_and_a_cancelled_job(server):
     done = wait_for(finished, timeout=120, interval=0.1)
     assert done["status"] == "succeeded", done
     assert len(done["result"]["data"]) == 1 and done["model"] == "tiny-sd"
-    assert len(seen) >= 2 and max(seen) <= 40
+    assert len(seen) >= 2 and max(seen) <= 10
     doomed = httpx.post(server.url + "/api/v1/jobs", json={
         "endpoint": "/v1/images/generations",
-        "body": {"model": "tiny-sd", "prompt": "never", "size": "256x256",
+        "body": {"model": "tiny-sd", "prompt": "never", "size": "128x128",
                  "x_steps": 200}}).json()
     wait_for(lambda: httpx.get(f"{server.url}/api/v1/jobs/{doomed['id']}").json()[
         "progress"].get("step"), timeout=60, interval=0.05)
