@@ -321,19 +321,28 @@ class ModelPool:
         return True
 
     async def _learn_footprint(self, slot: ModelSlot, backend: InferenceBackend) -> None:
-        """The worker's measured footprint becomes the model's learned VRAM figure."""
+        """Record what the worker measured. Real VRAM (CUDA figures from the worker, or NVML
+        per-process usage) becomes the model's learned estimate; a CPU-only footprint is shown
+        but does not replace the declared figure, since a declared GPU has no VRAM to measure."""
         try:
             report = await backend.report()
         except Exception as exc:
             log.debug("no report from %s: %s", slot.model_id, exc)
-            return
-        measured = report.get("footprint_mb") or (report.get("memory") or {}).get(
-            "cuda_allocated_mb")
-        if measured:
-            slot.measured_mb = int(measured)
-            self.learned_vram_mb[slot.model_id] = int(measured)
-            self.events.emit("measured", model=slot.model_id, vram_mb=int(measured),
-                             loads_from_disk=report.get("loads_from_disk"))
+            report = {}
+        memory = report.get("memory") or {}
+        vram = memory.get("cuda_reserved_mb") or memory.get("cuda_allocated_mb")
+        if not vram and self.boss.nvml is not None and backend.pid and slot.lease:
+            used = [self.boss.nvml.process_used_mb(gpu, {backend.pid})
+                    for gpu in slot.lease.gpus]
+            vram = sum(u for u in used if u) or None
+        footprint = vram or report.get("footprint_mb")
+        if footprint:
+            slot.measured_mb = int(footprint)
+        if vram:
+            self.learned_vram_mb[slot.model_id] = int(vram)
+        if footprint:
+            self.events.emit("measured", model=slot.model_id, mb=int(footprint),
+                             vram=bool(vram), loads_from_disk=report.get("loads_from_disk"))
 
     def _worker_exited(self, slot: ModelSlot, backend: InferenceBackend, code: int) -> None:
         """A worker died on its own: back to IDLE, lease released, next request reloads."""
