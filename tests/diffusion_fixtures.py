@@ -23,8 +23,9 @@ def _tiny_tokenizer(workdir: Path):
                          model_max_length=32)
 
 
-def build_tiny_sd_pipeline(path: Path) -> Path:
-    """Build and ``save_pretrained`` a ~1 MB StableDiffusionPipeline at ``path``."""
+def build_tiny_sd_pipeline(path: Path, width: int = 32) -> Path:
+    """Build and ``save_pretrained`` a random-weight StableDiffusionPipeline at ``path``
+    (~7 MB at ``width=32``; ``width=256`` gives a few hundred MB for benchmarks)."""
     import torch
     from diffusers import (
         AutoencoderKL,
@@ -36,7 +37,7 @@ def build_tiny_sd_pipeline(path: Path) -> Path:
 
     torch.manual_seed(0)
     unet = UNet2DConditionModel(
-        block_out_channels=(32, 64), layers_per_block=1, sample_size=8, in_channels=4,
+        block_out_channels=(width, width * 2), layers_per_block=1, sample_size=8, in_channels=4,
         out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
         attention_head_dim=8, norm_num_groups=32)
