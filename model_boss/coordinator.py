@@ -93,14 +93,26 @@ class Coordinator:
                             entry.manifest.source_file, entry.unavailable_reason)
         await self.boss.publish_inventory()
         await self.runtime.restore()
+        self.pool.learned.load()
         self._loops = [
             asyncio.create_task(self.queue.run(), name="queue"),
             asyncio.create_task(self.pool.reaper(), name="reaper"),
         ]
+        self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
+                                               name="metadata"))
         for model in self.settings.preload:
             self._preload(model)
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
+
+    def _read_metadata(self) -> None:
+        """Parse model files' headers once, off the event loop, so estimates are ready."""
+        for entry in self.catalog:
+            if entry.available:
+                try:
+                    self.pool.estimate(entry)
+                except Exception as exc:  # an unreadable file only loses its "file" rung
+                    log.warning("reading metadata of %s failed: %s", entry.path, exc)
 
     def _preload(self, model: str) -> None:
         """Load in the background; a failure is logged and the server carries on."""

@@ -63,12 +63,59 @@ def from_name(name: str) -> VramEstimate | None:
     return VramEstimate(mb, "name", f"{match.group(0)} params x {per_param} B x 1.2")
 
 
+def from_file(manifest: ModelManifest, path: Path) -> VramEstimate | None:
+    """The file's own metadata: GGUF tensors + KV cache + compute; safetensors headers."""
+    if path.is_file() and path.suffix == ".gguf":
+        from .gguf_info import read_gguf_info
+
+        info = read_gguf_info(path)
+        if info is None or info.block_count == 0:
+            return None
+        kv = info.kv_bytes(manifest.ctx_size)
+        compute = info.compute_bytes()
+        total = info.total_bytes + kv + compute
+        return VramEstimate(
+            int(total / 2**20) + 1, "file",
+            f"weights {info.total_bytes / 2**20:.0f} MB + KV f16 for ctx {manifest.ctx_size} "
+            f"{kv / 2**20:.0f} MB + compute {compute / 2**20:.0f} MB")
+    weights = safetensors_bytes(path)
+    if weights:
+        overhead = 1.2
+        return VramEstimate(int(weights * overhead / 2**20) + 1, "file",
+                            f"safetensors headers {weights / 2**20:.0f} MB x {overhead}")
+    return None
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Tensor bytes from the JSON headers of a .safetensors file or a directory of them."""
+    import json
+    import struct
+
+    files = [path] if path.is_file() else sorted(path.rglob("*.safetensors")) \
+        if path.is_dir() else []
+    total = 0
+    for file in files:
+        if file.suffix != ".safetensors":
+            continue
+        try:
+            with file.open("rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(length))
+        except (OSError, ValueError, struct.error):
+            continue
+        for name, meta in header.items():
+            if name != "__metadata__":
+                start, end = meta["data_offsets"]
+                total += end - start
+    return total
+
+
 def estimate_vram(
     manifest: ModelManifest,
     path: Path | None,
     *,
     measured_mb: int | None = None,
-    file_estimator=None,
+    file_estimator=from_file,
 ) -> VramEstimate:
     """measured → manifest ``vram_mb`` → the file's own metadata → file size → name → 1 GB."""
     if measured_mb:

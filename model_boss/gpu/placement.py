@@ -24,6 +24,14 @@ class Placement:
     def cuda_visible_devices(self) -> str:
         return ",".join(str(i) for i in self.gpus)
 
+    @property
+    def share(self) -> str:
+        """CPU/GPU share the way ``ollama ps`` shows it: "100% GPU" or "48%/52% CPU/GPU"."""
+        if self.gpu_layers is None or not self.total_layers:
+            return "100% GPU"
+        gpu = round(100 * self.gpu_layers / self.total_layers)
+        return f"{100 - gpu}%/{gpu}% CPU/GPU"
+
     def to_dict(self) -> dict:
         return {
             "allocations": {str(k): v for k, v in self.allocations.items()},
@@ -31,6 +39,7 @@ class Placement:
             "tensor_split": list(self.tensor_split),
             "gpu_layers": self.gpu_layers,
             "total_layers": self.total_layers,
+            "share": self.share,
         }
 
 
@@ -54,7 +63,8 @@ def place_split(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
     remaining = need_mb
     indices = sorted(usable)
     for position, index in enumerate(indices):
-        share = remaining if position == len(indices) - 1 else round(need_mb * usable[index] / total)
+        last = position == len(indices) - 1
+        share = remaining if last else round(need_mb * usable[index] / total)
         share = min(share, usable[index])
         allocations[index] = share
         remaining -= share
@@ -66,8 +76,35 @@ def place_split(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
     return Placement(allocations, "split", tensor_split=ratios)
 
 
-def place(need_mb: int, free_mb: dict[int, int], *, allow_split: bool = True) -> Placement | None:
-    """Single GPU first; else a proportional split across GPUs; else None."""
-    return place_single(need_mb, free_mb) or (
-        place_split(need_mb, free_mb) if allow_split else None
-    )
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """For partial offload: MB per layer on the GPU, MB that go to the GPU regardless."""
+
+    per_layer_mb: float
+    fixed_mb: float
+    total_layers: int
+    min_gpu_layers: int = 0
+
+
+def place_partial(free_mb: dict[int, int], costs: LayerCosts) -> Placement | None:
+    """The largest number of layers (0 < k < all) that fits on the GPU with most room."""
+    if not free_mb or costs.total_layers < 2 or costs.per_layer_mb <= 0:
+        return None
+    best = max(free_mb, key=lambda i: (free_mb[i], -i))
+    room = free_mb[best] - costs.fixed_mb
+    layers = min(costs.total_layers - 1, int(room // costs.per_layer_mb)) if room > 0 else 0
+    if layers < max(1, costs.min_gpu_layers):
+        return None
+    mb = int(costs.fixed_mb + layers * costs.per_layer_mb) + 1
+    return Placement({best: min(mb, free_mb[best])}, "partial", gpu_layers=layers,
+                     total_layers=costs.total_layers,
+                     notes=[f"{layers}/{costs.total_layers} layers on GPU {best}"])
+
+
+def place(need_mb: int, free_mb: dict[int, int], *, allow_split: bool = True,
+          partial: LayerCosts | None = None) -> Placement | None:
+    """Single GPU first; else a proportional split across GPUs; else (when ``partial`` is
+    given) as many layers as fit on one GPU; else None."""
+    return (place_single(need_mb, free_mb)
+            or (place_split(need_mb, free_mb) if allow_split else None)
+            or (place_partial(free_mb, partial) if partial is not None else None))

@@ -7,17 +7,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..catalog import BackendKind, Catalog, CatalogEntry
 from ..errors import CapacityExceeded, LeaseUnavailable, LoadFailed, ModelBossError
 from ..events import EventBus
 from ..gpu.boss import GPUBoss
 from ..gpu.estimate import VramEstimate, estimate_vram
-from ..gpu.placement import Placement, place
+from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
+from ..gpu.placement import LayerCosts, Placement, place
 from ..settings import Settings
 from .backend import InferenceBackend
 from .eviction import SlotView, evict_candidates, victims_for
+from .learned import LearnedStats
 from .process import free_port
 from .slot import ModelSlot, SlotState
 
@@ -56,7 +58,7 @@ class ModelPool:
         self.events = events
         self.backend_factory = backend_factory
         self.slots: dict[str, ModelSlot] = {}
-        self.learned_vram_mb: dict[str, int] = {}
+        self.learned = LearnedStats(settings.state_path / "learned.json")
         self._lock = asyncio.Lock()
         self._loading: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -82,13 +84,30 @@ class ModelPool:
 
     def estimate(self, entry: CatalogEntry) -> VramEstimate:
         return estimate_vram(entry.manifest, entry.path,
-                             measured_mb=self.learned_vram_mb.get(entry.manifest.id))
+                             measured_mb=self.learned.get(entry.manifest.id).vram_mb)
 
     def needs_vram(self, entry: CatalogEntry) -> bool:
         return entry.manifest.backend not in (BackendKind.CLOUD,)
 
     def allow_split(self, entry: CatalogEntry) -> bool:
         return entry.manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS)
+
+    def layer_costs(self, entry: CatalogEntry) -> LayerCosts | None:
+        """Per-layer costs for partial GPU offload (llama models with ``allow_partial``)."""
+        manifest = entry.manifest
+        if not manifest.allow_partial or manifest.backend != BackendKind.LLAMA_SERVER \
+                or entry.path is None:
+            return None
+        info = read_gguf_info(entry.path)
+        if info is None or info.block_count < 2:
+            return None
+        per_layer, fixed = layer_costs_mb(info, manifest.ctx_size)
+        return LayerCosts(per_layer, fixed, info.block_count, manifest.min_gpu_layers)
+
+    def placement_for(self, entry: CatalogEntry, need_mb: int,
+                      free: dict[int, int]) -> Placement | None:
+        return place(need_mb, free, allow_split=self.allow_split(entry),
+                     partial=self.layer_costs(entry))
 
     def views(self, exclude: str | None = None) -> list[SlotView]:
         return [
@@ -112,7 +131,7 @@ class ModelPool:
         usage = await self.boss.usage()
         free = {u.index: u.free_mb for u in usage}
         split = self.allow_split(entry)
-        if place(need, free, allow_split=split):
+        if self.placement_for(entry, need, free):
             return Admission(True)
         now = time.time()
         views = self.views(exclude=model_id)
@@ -127,7 +146,7 @@ class ModelPool:
                     pinned[gpu] = pinned.get(gpu, 0) + mb
         ceiling = {u.index: max(0, u.capacity_mb - self.boss.margin_mb - pinned.get(u.index, 0))
                    for u in usage}
-        if not place(need, ceiling, allow_split=split):
+        if not self.placement_for(entry, need, ceiling):
             where = ", ".join(f"GPU {i}: {mb} MB" for i, mb in ceiling.items())
             return Admission(False, never=True, reason=(
                 f"'{model_id}' needs {need} MB of VRAM; at most {where} can ever be free "
@@ -171,7 +190,7 @@ class ModelPool:
                     slot.transition(SlotState.LOADING, "load (no VRAM needed)")
                     break
                 free = await self.boss.free_mb()
-                placement = place(estimate.mb, free, allow_split=self.allow_split(entry))
+                placement = self.placement_for(entry, estimate.mb, free)
                 if placement is not None:
                     try:
                         slot.lease = await self.boss.acquire(
@@ -224,6 +243,7 @@ class ModelPool:
                 raise
             raise LoadFailed(f"loading '{slot.model_id}' failed: {exc}") from exc
         slot.last_load_s = round(time.monotonic() - started, 3)
+        self.learned.observe_load(slot.model_id, slot.last_load_s)
         slot.loads += 1
         slot.loaded_at = time.time()
         slot.last_error = None
@@ -339,7 +359,7 @@ class ModelPool:
         if footprint:
             slot.measured_mb = int(footprint)
         if vram:
-            self.learned_vram_mb[slot.model_id] = int(vram)
+            self.learned.observe_vram(slot.model_id, int(vram))
         if footprint:
             self.events.emit("measured", model=slot.model_id, mb=int(footprint),
                              vram=bool(vram), loads_from_disk=report.get("loads_from_disk"))
@@ -469,7 +489,7 @@ class ModelPool:
             if slot.estimate is None:
                 with contextlib.suppress(Exception):
                     data["vram_estimate"] = self.estimate(slot.entry).to_dict()
-            data["learned_vram_mb"] = self.learned_vram_mb.get(slot.model_id)
+            data["learned"] = asdict(self.learned.get(slot.model_id))
             result.append(data)
         return result
 

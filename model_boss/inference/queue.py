@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, RateLimited
 from ..events import EventBus
 from ..settings import Settings
+from .budget import Prediction, admit, predict
 from .pool import ModelPool
 from .requestors import RequestorRegistry
 from .slot import ModelSlot, SlotState
@@ -90,6 +91,14 @@ class InferenceQueue:
                               f"failures", retry_after_s=cooldown)
         if len(self._pending) >= self.settings.max_queue_depth:
             raise CapacityExceeded("the queue is full", retry_after_s=5, code="queue_full")
+        if request.budget_s is not None:
+            decision = admit(request.budget_s, self.predict(request))
+            if not decision.admitted:
+                self.requestors.get(request.client_id).rejected += 1
+                self.events.emit("budget_refused", model=request.model_id,
+                                 client=request.client_id, reason=decision.reason)
+                raise BudgetExceeded(f"'{request.model_id}': {decision.reason}",
+                                     retry_after_s=decision.retry_after_s)
         wait_cap = self.settings.max_queue_wait_s
         if request.budget_s is not None:
             wait_cap = min(wait_cap, request.budget_s)
@@ -111,6 +120,23 @@ class InferenceQueue:
                 self._pending.remove(request)
                 self.requestors.dequeued(request.client_id)
                 self.wake()
+
+    def predict(self, request: QueuedRequest) -> Prediction:
+        """Expected wait + load + inference for ``request`` if it were queued now."""
+        slot = self.pool.slots.get(request.model_id)
+        learned = self.pool.learned
+        warm = slot is not None and slot.state == SlotState.READY
+        ahead = (slot.active if slot else 0) + sum(
+            1 for r in self._pending if r.model_id == request.model_id
+            and (r.priority, r.submitted_at) <= (request.priority, request.submitted_at))
+        size = 0
+        if not warm:
+            entry = self.pool.catalog.find(request.model_id)
+            size = self.pool.estimate(entry).mb if entry else 0
+        return predict(warm=warm, loading=self.pool.is_loading(request.model_id),
+                       ahead=ahead, parallel=slot.parallel if slot else 1,
+                       load_s=learned.predicted_load_s(request.model_id, size),
+                       infer_s=learned.predicted_infer_s(request.model_id))
 
     def _grant(self, request: QueuedRequest, slot: ModelSlot) -> None:
         slot.active += 1
@@ -140,6 +166,9 @@ class InferenceQueue:
         elif keep_alive < 0:
             slot.last_used = time.time()
             slot.unload_at = None
+        if ok:
+            self.pool.learned.observe_inference(slot.model_id,
+                                                time.monotonic() - ticket.started)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, ok, time.monotonic() - ticket.started,

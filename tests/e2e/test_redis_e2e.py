@@ -29,7 +29,7 @@ def test_outside_training_lease_and_config_persistence(tmp_path, demo_gguf, redi
                     listed = (await client.get(server.url + "/api/v1/leases")).json()
                     assert [item["id"] for item in listed["leases"]] == [lease.id]
                     blocked = await client.post(server.url + "/v1/chat/completions", json={
-                        "model": "smol", "x_budget_s": 1,
+                        "model": "smol", "x_budget_s": 4,
                         "messages": [{"role": "user", "content": "hi"}]})
             await outside.close()
             return blocked

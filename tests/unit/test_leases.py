@@ -99,6 +99,7 @@ async def test_outside_lease_blocks_a_model_load(daemon):
     client, coord, _ = daemon
     await client.post("/api/v1/leases", json={"kind": "training", "vram_mb": 8_000, "gpu": 0})
     await client.post("/api/v1/leases", json={"kind": "training", "vram_mb": 3_500, "gpu": 1})
+    coord.pool.learned.observe_load("a", 0.01)  # so the budget admits it and it must wait
     response = await client.post("/v1/chat/completions", json={
         "model": "a", "x_budget_s": 0.5, "messages": [{"role": "user", "content": "x"}]})
     assert response.status_code == 503

@@ -1,0 +1,98 @@
+"""LearnedStats: per-model figures learned from what actually happened, kept across restarts.
+
+Cold-load and inference seconds are exponentially weighted moving averages; VRAM is the last
+real measurement. Saved as JSON in ``state_dir/learned.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ALPHA = 0.3            # weight of the newest observation
+LOAD_BASE_S = 1.0      # before any observation: process start ...
+LOAD_MB_PER_S = 2000.0  # ... plus reading the weights at this rate
+
+
+@dataclass(slots=True)
+class ModelStats:
+    load_s: float | None = None
+    loads: int = 0
+    infer_s: float | None = None
+    requests: int = 0
+    vram_mb: int | None = None
+
+
+def ewma(old: float | None, new: float) -> float:
+    return new if old is None else (ALPHA * new + (1 - ALPHA) * old)
+
+
+class LearnedStats:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.models: dict[str, ModelStats] = {}
+        self._dirty_since: float | None = None
+
+    def get(self, model_id: str) -> ModelStats:
+        stats = self.models.get(model_id)
+        if stats is None:
+            stats = self.models[model_id] = ModelStats()
+        return stats
+
+    def observe_load(self, model_id: str, seconds: float) -> None:
+        stats = self.get(model_id)
+        stats.load_s = round(ewma(stats.load_s, seconds), 4)
+        stats.loads += 1
+        self._touch()
+
+    def observe_inference(self, model_id: str, seconds: float) -> None:
+        stats = self.get(model_id)
+        stats.infer_s = round(ewma(stats.infer_s, seconds), 4)
+        stats.requests += 1
+        self._touch()
+
+    def observe_vram(self, model_id: str, mb: int) -> None:
+        self.get(model_id).vram_mb = int(mb)
+        self._touch()
+
+    def predicted_load_s(self, model_id: str, size_mb: int) -> float:
+        """Learned EWMA, else a figure derived from the model's size."""
+        learned = self.get(model_id).load_s
+        return learned if learned is not None else LOAD_BASE_S + size_mb / LOAD_MB_PER_S
+
+    def predicted_infer_s(self, model_id: str) -> float:
+        return self.get(model_id).infer_s or 0.0
+
+    def _touch(self) -> None:
+        self._dirty_since = self._dirty_since or time.time()
+        self.save()
+
+    def load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            self.models = {k: ModelStats(**v) for k, v in data.get("models", {}).items()}
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("ignoring unreadable learned stats %s: %s", self.path, exc)
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"models": {k: asdict(v)
+                                                  for k, v in self.models.items()}}))
+            tmp.replace(self.path)
+            self._dirty_since = None
+        except OSError as exc:
+            log.warning("could not save learned stats: %s", exc)
+
+    def to_dict(self) -> dict:
+        return {k: asdict(v) for k, v in self.models.items()}
