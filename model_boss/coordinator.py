@@ -144,6 +144,7 @@ class Coordinator:
             with contextlib.suppress(BaseException):
                 await task
         await self.pool.shutdown()
+        self.pool.learned.flush()
         await self.boss.close(release_held=True)
         self.events.emit("stopped")
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextvars
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from .errors import ConfigError
@@ -55,7 +57,8 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8210, ge=1, le=65535)
-    manifests: list[Path] = Field(default_factory=lambda: [Path("manifests")])
+    manifests: Annotated[list[Path], NoDecode] = Field(
+        default_factory=lambda: [Path("manifests")])
     tasks_file: Path | None = Path("tasks.yaml")
     models_dir: Path = Path("~/.cache/model-boss/models")
     state_dir: Path = Path("~/.local/state/model-boss")
@@ -89,6 +92,8 @@ class Settings(BaseSettings):
     @field_validator("manifests", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().startswith("["):
+            return yaml.safe_load(value)  # JSON list from the environment
         if isinstance(value, (str, Path)):
             return [part for part in str(value).split(os.pathsep) if part]
         return value
@@ -184,5 +189,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     except ValidationError as exc:
         source = str(path) if path else "settings (MODEL_BOSS_* environment)"
         raise ConfigError(describe_validation_error(source, exc)) from exc
+    except SettingsError as exc:  # a MODEL_BOSS_* variable that cannot be parsed
+        raise ConfigError(f"MODEL_BOSS_* environment: {exc}") from exc
     finally:
         _CONFIG_FILE.reset(token)

@@ -7,8 +7,9 @@ import hmac
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
+from starlette.datastructures import Headers
 
 from ..coordinator import Coordinator
 from ..settings import Settings
@@ -36,20 +37,7 @@ def create_app(settings: Settings | None = None, *,
     app.state.boss = coord.boss
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def _auth_and_metrics(request: Request, call_next) -> Response:
-        denied = _check_key(request, coord.settings)
-        if denied is not None:
-            return denied
-        started = time.monotonic()
-        response = await call_next(request)
-        path = request.url.path
-        if path.startswith("/v1/") and request.method == "POST":
-            coord.metrics.observe_request(response.headers.get("x-model-boss-model", "-"),
-                                          path, response.status_code,
-                                          time.monotonic() - started)
-        return response
-
+    app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.include_router(images.router)
@@ -58,17 +46,57 @@ def create_app(settings: Settings | None = None, *,
     return app
 
 
-def _check_key(request: Request, settings: Settings) -> Response | None:
-    path = request.url.path
+class AuthAndMetrics:
+    """Pure ASGI middleware (no per-request task group): API keys, request metrics."""
+
+    def __init__(self, app, coordinator: Coordinator) -> None:
+        self.app = app
+        self.coord = coordinator
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = self.coord.settings
+        if settings.api_key or settings.admin_api_key:
+            denied = _check_key(scope["path"], Headers(scope=scope), settings)
+            if denied is not None:
+                await denied(scope, receive, send)
+                return
+        path = scope["path"]
+        if not (path.startswith("/v1/") and scope["method"] == "POST"):
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        seen: dict[str, object] = {}
+
+        async def observe(message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for key, value in message.get("headers", []):
+                    if key == b"x-model-boss-model":
+                        seen["model"] = value.decode()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observe)
+        finally:
+            if "status" in seen:
+                self.coord.metrics.observe_request(str(seen.get("model", "-")), path,
+                                                   int(seen["status"]),
+                                                   time.monotonic() - started)
+
+
+def _check_key(path: str, headers: Headers, settings: Settings) -> Response | None:
     if path in _OPEN_PATHS:
         return None
     wanted = settings.admin_api_key if path.startswith("/api/") and settings.admin_api_key \
         else settings.api_key
     if not wanted:
         return None
-    header = request.headers.get("authorization", "")
+    header = headers.get("authorization", "")
     given = header[7:] if header.lower().startswith("bearer ") else \
-        request.headers.get("x-api-key", "")
+        headers.get("x-api-key", "")
     if hmac.compare_digest(given.encode(), wanted.encode()):
         return None
     return envelope("missing or invalid API key", 401, code="invalid_api_key")

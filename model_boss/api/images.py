@@ -15,7 +15,14 @@ from ..coordinator import Coordinator
 from ..errors import BadRequest
 from ..inference import SlotTicket
 from .proxy import coordinator_of, serve
-from .requests import Extensions, _number, pop_extensions, read_json_body
+from .requests import (
+    ClientDisconnected,
+    Extensions,
+    _number,
+    cancelled_on_disconnect,
+    pop_extensions,
+    read_json_body,
+)
 
 router = APIRouter()
 
@@ -91,7 +98,11 @@ async def images_generations(request: Request) -> Response:
     body = await read_json_body(request, coord.settings.max_body_bytes)
     ext = pop_extensions(body, request.headers)
     worker_body = image_body(body, ext)
-    return await generate(coord, worker_body, ext, str(request.base_url), request=request)
+    try:
+        async with cancelled_on_disconnect(request):
+            return await generate(coord, worker_body, ext, str(request.base_url))
+    except ClientDisconnected:
+        return Response(status_code=499)
 
 
 @router.get("/v1/images/files/{name}")

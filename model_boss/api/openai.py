@@ -11,7 +11,12 @@ from fastapi.responses import Response
 from ..errors import BadRequest
 from ..inference import SlotState
 from .proxy import coordinator_of, serve
-from .requests import pop_extensions, read_json_body
+from .requests import (
+    ClientDisconnected,
+    cancelled_on_disconnect,
+    pop_extensions,
+    read_json_body,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -90,7 +95,11 @@ async def _endpoint(request: Request, endpoint: str, validate) -> Response:
     body = await read_json_body(request, coord.settings.max_body_bytes)
     ext = pop_extensions(body, request.headers)
     validate(body)
-    return await serve(coord, endpoint, body, ext, request=request)
+    try:
+        async with cancelled_on_disconnect(request):
+            return await serve(coord, endpoint, body, ext)
+    except ClientDisconnected:
+        return Response(status_code=499)
 
 
 @router.post("/v1/chat/completions")

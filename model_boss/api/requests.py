@@ -130,5 +130,33 @@ async def unless_disconnected(request: Request | None, work: Awaitable[T]) -> T:
     raise ClientDisconnected("client disconnected")
 
 
+@contextlib.asynccontextmanager
+async def cancelled_on_disconnect(request: Request):
+    """Run the block; if the client disconnects first, the block is cancelled and
+    :class:`ClientDisconnected` is raised instead. One watcher task per request."""
+    task = asyncio.current_task()
+    gone = asyncio.Event()
+
+    def disconnected(watch: asyncio.Task) -> None:
+        if not watch.cancelled() and watch.exception() is None:
+            gone.set()
+            if task is not None:
+                task.cancel()
+
+    watch = asyncio.create_task(_until_disconnected(request))
+    watch.add_done_callback(disconnected)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not gone.is_set():
+            raise
+        if task is not None:
+            task.uncancel()
+        raise ClientDisconnected("client disconnected") from None
+    finally:
+        watch.remove_done_callback(disconnected)
+        watch.cancel()
+
+
 def parse_json(raw: bytes) -> Any:
     return orjson.loads(raw)

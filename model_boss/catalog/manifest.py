@@ -48,7 +48,7 @@ class ModelManifest(BaseModel):
     gpu_layers: int | str = "auto"
     allow_partial: bool = False
     min_gpu_layers: int = Field(default=0, ge=0)
-    parallel: int = Field(default=1, ge=1, le=64)
+    parallel: int | None = Field(default=None, ge=1, le=1024)
     flash_attn: bool = False
     threads: int | None = Field(default=None, ge=1)
     args: list[str] = Field(default_factory=list)
@@ -90,6 +90,13 @@ class ModelManifest(BaseModel):
             return None
         path = Path(self.path).expanduser()
         return path if path.is_absolute() else (models_dir / path)
+
+    @property
+    def concurrency(self) -> int:
+        """Requests one slot takes at once: ``parallel``, else 1 (256 for cloud remotes)."""
+        if self.parallel is not None:
+            return self.parallel
+        return 256 if self.backend == BackendKind.CLOUD else 1
 
     @property
     def names(self) -> list[str]:

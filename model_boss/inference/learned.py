@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 ALPHA = 0.3            # weight of the newest observation
 LOAD_BASE_S = 1.0      # before any observation: process start ...
 LOAD_MB_PER_S = 2000.0  # ... plus reading the weights at this rate
+SAVE_EVERY_S = 10.0
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class LearnedStats:
         self.path = path
         self.models: dict[str, ModelStats] = {}
         self._dirty_since: float | None = None
+        self._saved_at = 0.0
 
     def get(self, model_id: str) -> ModelStats:
         stats = self.models.get(model_id)
@@ -69,8 +71,16 @@ class LearnedStats:
         return self.get(model_id).infer_s or 0.0
 
     def _touch(self) -> None:
-        self._dirty_since = self._dirty_since or time.time()
-        self.save()
+        """Mark changed; write at most every SAVE_EVERY_S (and on shutdown) to keep disk
+        I/O off the request path."""
+        now = time.monotonic()
+        self._dirty_since = self._dirty_since or now
+        if now - self._saved_at >= SAVE_EVERY_S:
+            self.save()
+
+    def flush(self) -> None:
+        if self._dirty_since is not None:
+            self.save()
 
     def load(self) -> None:
         if self.path is None or not self.path.exists():
@@ -91,6 +101,7 @@ class LearnedStats:
                                                   for k, v in self.models.items()}}))
             tmp.replace(self.path)
             self._dirty_since = None
+            self._saved_at = time.monotonic()
         except OSError as exc:
             log.warning("could not save learned stats: %s", exc)
 

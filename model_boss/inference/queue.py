@@ -105,6 +105,12 @@ class InferenceQueue:
         request.deadline = request.submitted_at + wait_cap
         self._pending.append(request)
         self.requestors.submitted(request.client_id)
+        if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
+            slot = self.pool.slots.get(request.model_id)
+            if slot is not None and slot.state == SlotState.READY \
+                    and slot.active < slot.parallel and self._client_has_room(request):
+                self._grant(request, slot)
+                return request.future.result()
         self.wake()
         try:
             return await request.future

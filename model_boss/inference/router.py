@@ -103,6 +103,8 @@ class ModelRouter:
             if not permitted:
                 raise Forbidden(f"this client may not use '{model or name}'", param="model")
             ladder = permitted
+        if spec is None:  # a direct request: one candidate, always honoured
+            return RoutePlan(ladder)
         views = [await self._view(model_id, position, priority)
                  for position, model_id in enumerate(ladder)]
         order, stripped = _pick_best_candidate(

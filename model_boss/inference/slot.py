@@ -77,7 +77,7 @@ class ModelSlot:
 
     @property
     def parallel(self) -> int:
-        return self.entry.manifest.parallel
+        return self.entry.manifest.concurrency
 
     def transition(self, new: SlotState, reason: str = "") -> None:
         """Move to ``new`` if the table allows it; log and emit an event either way."""

@@ -66,7 +66,7 @@ def test_manifest_file_forms(tmp_path):
     wrapped = parse_manifest_text("models:\n  - {id: d, path: d.gguf}\n")
     assert [m.id for m in one + many + wrapped] == ["a", "b", "c", "d"]
     assert one[0].category == "llm" and one[0].backend == "llama-server"
-    assert one[0].gpu_layers == "auto" and one[0].parallel == 1
+    assert one[0].gpu_layers == "auto" and one[0].concurrency == 1
 
 
 @pytest.mark.parametrize("text, field", [
@@ -112,3 +112,14 @@ def test_missing_model_file_is_unavailable_not_fatal(tmp_path):
 def test_manifest_sources_must_exist(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_manifests([Path(tmp_path / "nowhere")])
+
+
+def test_env_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODEL_BOSS_MANIFESTS", f"{tmp_path}/a:{tmp_path}/b")
+    monkeypatch.setenv("MODEL_BOSS_GPUS", '[{"index": 0, "name": "sim", "vram_mb": 24576}]')
+    settings = load_settings()
+    assert settings.manifests == [tmp_path / "a", tmp_path / "b"]
+    assert settings.gpus[0].vram_mb == 24576
+    monkeypatch.setenv("MODEL_BOSS_GPUS", "not json")
+    with pytest.raises(ConfigError, match="gpus"):
+        load_settings()

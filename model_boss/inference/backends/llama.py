@@ -41,7 +41,7 @@ class LlamaServerBackend(HttpWorkerBackend):
         if binary:
             argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
                     "-c", str(m.ctx_size), "-ngl", str(999 if layers < 0 else layers),
-                    "--parallel", str(m.parallel)]
+                    "--parallel", str(m.concurrency)]
             if split:
                 argv += ["--tensor-split", ",".join(f"{r:g}" for r in split)]
             if m.flash_attn:
