@@ -23,7 +23,7 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import DEMO_GGUF, ServerProcess, llama_manifest  # noqa: E402
+from tests.conftest import DEMO_GGUF, ServerProcess, llama_manifest
 
 BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
         "temperature": 0}

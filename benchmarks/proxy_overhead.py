@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess, free_port, wait_for  # noqa: E402
+from tests.conftest import ServerProcess, free_port, wait_for
 
 BODY = b'{"model":"%s","messages":[{"role":"user","content":"ping"}],"max_tokens":8}'
 

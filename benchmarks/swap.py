@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess  # noqa: E402
-from tests.diffusion_fixtures import build_tiny_sd_pipeline  # noqa: E402
+from tests.conftest import ServerProcess
+from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}], "log_level": "WARNING"}
 

@@ -161,6 +161,7 @@ def test_learned_stats_ewma_and_persistence(tmp_path):
     assert stats.get("m").load_s == pytest.approx(13.0)
     stats.observe_inference("m", 1.0)
     stats.observe_vram("m", 5000)
+    stats.flush()  # writes are throttled; shutdown flushes
     again = LearnedStats(tmp_path / "learned.json")
     again.load()
     assert again.get("m").load_s == pytest.approx(13.0) and again.get("m").vram_mb == 5000
