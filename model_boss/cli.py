@@ -79,9 +79,8 @@ def _ps(args: argparse.Namespace) -> int:
         est = s.get("vram_estimate") or {}
         placement = s.get("placement") or {}
         where = placement.get("kind", "-")
-        if placement.get("gpu_layers") is not None and placement.get("total_layers"):
-            share = placement["gpu_layers"] / placement["total_layers"]
-            where = f"{round((1 - share) * 100)}%/{round(share * 100)}% CPU/GPU"
+        if placement.get("share"):
+            where = f"{where} {placement['share']}"
         print(f"{s['model'][:27]:<28}{s['state']:<11}{est.get('mb', '-'):>8} "
               f"{est.get('rung', '-'):<10}{s['pid'] or '-':>8}{s['active_requests']:>7}  {where}")
     print(f"\nqueue depth: {data['queue']['depth']}   leases: {len(data['leases'])}")
