@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 import wave
 
 import httpx
 import openai
 import pytest
+
+from tests.conftest import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +51,36 @@ def test_speech_through_a_command_worker(make_server):
 
     bad = httpx.post(server.url + "/v1/audio/speech", json={"model": "tiny-tts"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def test_worker_ignoring_sigterm_is_killed_after_the_grace(make_server):
+    server = make_server({"stop_grace_s": 1}, [tts("stubborn", "--ignore-sigterm")])
+    assert httpx.post(server.url + "/v1/audio/speech", timeout=30,
+                      json={"model": "stubborn", "input": "x"}).status_code == 200
+    pid = next(s for s in server.status()["slots"])["pid"]
+    started = time.monotonic()
+    assert httpx.post(server.url + "/api/v1/models/stubborn/unload", timeout=30).json()[
+        "unloaded"]
+    assert 0.9 < time.monotonic() - started < 5
+    assert not pid_alive(pid)
+
+
+def test_preload_loads_in_the_background_and_survives_a_failure(make_server):
+    server = make_server({"preload": ["slow-tts", "broken-tts"], "health_timeout_s": 10},
+                         [tts("slow-tts", "--start-delay", "2"),
+                          tts("broken-tts", "--exit-on-start")])
+    # the server answers while the preload is still starting its worker
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/v1/models").status_code == 200
+    wait_for(lambda: {s["model"]: s["state"] for s in server.status()["slots"]}.get(
+        "slow-tts") == "ready", timeout=30)
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    failed = [e for e in events if e["type"] == "preload_failed"]
+    assert [e["model"] for e in failed] == ["broken-tts"]
+    assert any(e["type"] == "preloaded" and e["model"] == "slow-tts" for e in events)
+
+
+def test_unknown_preload_model_is_a_config_error(make_server):
+    server = make_server({"preload": ["nope"]}, [tts("tiny-tts")], start=False)
+    with pytest.raises(RuntimeError, match="preload.0: unknown model 'nope'"):
+        server.start(timeout=20)

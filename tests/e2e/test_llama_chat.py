@@ -276,3 +276,26 @@ def test_job_cancel_and_errors(server):
     assert failed["status"] == "failed" and failed["error"]["code"] == "model_unavailable"
     missing = httpx.get(server.url + "/api/v1/jobs/job-doesnotexist")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
+
+
+def test_events_stream_and_cli(server):
+    """The SSE event feed delivers live events; ``model-boss ps`` reads the status."""
+    import subprocess
+    import sys
+
+    httpx.post(server.url + "/api/v1/models/smol/unload", timeout=30)
+    seen = []
+    with httpx.stream("GET", server.url + "/api/v1/events", timeout=60) as feed:
+        lines = feed.iter_lines()
+        httpx.post(server.url + "/api/v1/models/smol/load", timeout=60)
+        for line in lines:
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                seen.append(event["type"])
+                if event["type"] == "loaded":
+                    break
+    assert "load_started" in seen and seen[-1] == "loaded"
+    ps = subprocess.run([sys.executable, "-m", "model_boss", "--url", server.url, "ps"],
+                        capture_output=True, text=True, timeout=30)
+    assert ps.returncode == 0 and "smol" in ps.stdout and "ready" in ps.stdout
+    assert "sim-8g" in ps.stdout

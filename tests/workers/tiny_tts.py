@@ -34,7 +34,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--start-delay", type=float, default=0.0)
     parser.add_argument("--exit-on-start", action="store_true")
+    parser.add_argument("--ignore-sigterm", action="store_true")
     args = parser.parse_args()
+    if args.ignore_sigterm:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.exit_on_start:
         print("tiny_tts: refusing to start (--exit-on-start)", flush=True)
         sys.exit(3)
@@ -51,7 +56,13 @@ def main() -> None:
 
     app = Starlette(routes=[Route("/health", health), Route("/v1/audio/speech", speech,
                                                             methods=["POST"])])
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port,
+                                           log_level="warning"))
+    if args.ignore_sigterm:  # keep uvicorn from installing its own SIGTERM handler
+        import contextlib
+
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    server.run()
 
 
 if __name__ == "__main__":
