@@ -168,6 +168,9 @@ class Coordinator:
             "gpus": [u.to_dict() for u in usage],
             "slots": self.pool.status(),
             "queue": self.queue.status(),
+            "client_profiles": {name: profile.model_dump(exclude_none=True)
+                                for name, profile in self.settings.clients.items()},
+            "offloaded_mb": self.pool.offloaded_mb(),
             "leases": [lease.to_dict() for lease in leases],
             "models": [
                 {"id": e.manifest.id, "available": e.available,
