@@ -42,7 +42,7 @@ async def load_model(request: Request, model_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
     entry = coord.catalog.get_available(model_id)
     priority = int(request.query_params.get("priority", coord.settings.default_priority))
-    slot = await coord.pool.load(entry.manifest.id, priority)
+    slot = await coord.pool.get_or_load(entry.manifest.id, priority)
     coord.queue.wake()
     return slot.to_dict()
 

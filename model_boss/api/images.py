@@ -80,9 +80,14 @@ async def generate(coord: Coordinator, body: dict[str, Any], ext: Extensions, ba
     response_format = body.pop("response_format", "b64_json")
     response = await serve(coord, "/v1/images/generations", body, ext, request=request,
                            on_dispatch=on_dispatch)
-    if response_format != "url" or response.status_code != 200:
+    if response.status_code != 200:
         return response
     data = orjson.loads(response.body)
+    extra = data.get("x_model_boss") or {}
+    coord.events.emit("vae_decision", model=response.headers.get("x-model-boss-model"),
+                      **(extra.get("memory_decisions") or {}))
+    if response_format != "url":
+        return response
     files = coord.image_files
     for item in data.get("data", []):
         name = files.save(base64.b64decode(item.pop("b64_json")))

@@ -167,6 +167,10 @@ class ModelPool:
             task.add_done_callback(lambda _t: self.on_change())
         return task
 
+    async def get_or_load(self, model_id: str, priority: int) -> ModelSlot:
+        """The READY slot for ``model_id``, loading (or onloading) it first if needed."""
+        return await self.load(model_id, priority)
+
     async def load(self, model_id: str, priority: int) -> ModelSlot:
         """Make ``model_id`` READY: place it, evict one idle slot at a time until it fits.
 

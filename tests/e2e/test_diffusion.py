@@ -62,6 +62,8 @@ def test_openai_client_generates_pngs_of_the_requested_size(server):
         "x_seed": 7, "response_format": "url"}).json()
     assert raw["x_model_boss"]["seed"] == 7
     assert raw["x_model_boss"]["memory_decisions"]["vae"] == "cpu-device"
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "vae_decision" and e["vae"] == "cpu-device" for e in events)
     png = httpx.get(raw["data"][0]["url"])
     assert png.headers["content-type"] == "image/png"
     assert Image.open(io.BytesIO(png.content)).size == (64, 64)
