@@ -17,6 +17,9 @@ from ..errors import LoadFailed, ModelBossError, UpstreamError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
 from .process import WorkerProcess
+from .upstream import UpstreamClient, UpstreamTransportError
+
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass(slots=True)
@@ -76,6 +79,7 @@ class HttpWorkerBackend:
         self.process: WorkerProcess | None = None
         self.on_exit: Callable[[int], None] | None = None
         self._client: httpx.AsyncClient | None = None
+        self._upstream: UpstreamClient | None = None
 
     @property
     def pid(self) -> int | None:
@@ -99,11 +103,12 @@ class HttpWorkerBackend:
             pid_dir=state / "workers", log_file=state / "logs" / f"{_safe(self.manifest.id)}.log",
         )
         self.process.on_exit = self._exited
-        self._client = httpx.AsyncClient(
+        self._client = httpx.AsyncClient(  # control calls: health, offload, reports
             base_url=f"http://127.0.0.1:{port}",
-            timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
-        )
+            timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
+        self._upstream = UpstreamClient(f"http://127.0.0.1:{port}",  # the request data path
+                                        timeout_s=self.settings.request_timeout_s,
+                                        connect_timeout_s=5.0, max_connections=64)
         try:
             await self.process.start()
             await self._wait_healthy(self.settings.health_timeout_s)
@@ -149,6 +154,9 @@ class HttpWorkerBackend:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._upstream is not None:
+            await self._upstream.close()
+            self._upstream = None
 
     async def crashed(self, exc: Exception) -> WorkerCrashed:
         """The error for a broken worker connection; waits a moment for the exit status."""
@@ -166,36 +174,27 @@ class HttpWorkerBackend:
 
     async def proxy(self, method: str, path: str, body: dict[str, Any] | None,
                     stream: bool) -> UpstreamResponse:
-        if self._client is None:
+        """Forward a POST to the worker on the pooled data-path client."""
+        if self._upstream is None:
             raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
-        content = orjson.dumps(body) if body is not None else None
-        request = self._client.build_request(
-            method, path, content=content, headers={"content-type": "application/json"})
+        content = orjson.dumps(body) if body is not None else b""
         try:
-            response = await self._client.send(request, stream=stream)
-        except httpx.TransportError as exc:
+            reply = await self._upstream.post(path, content, _JSON, stream)
+        except UpstreamTransportError as exc:
             raise await self.crashed(exc) from exc
-        if response.status_code >= 400:
-            try:
-                raw = await response.aread()
-            except httpx.TransportError as exc:
-                raise await self.crashed(exc) from exc
-            finally:
-                await response.aclose()
-            raise upstream_error(self.manifest.id, response.status_code, raw)
-        headers = {"content-type": response.headers.get("content-type", "application/json")}
-        if not stream:
-            return UpstreamResponse(response.status_code, headers, body=response.content)
-        return UpstreamResponse(response.status_code, headers, stream=self._chunks(response))
+        if reply.status >= 400:
+            raise upstream_error(self.manifest.id, reply.status, reply.body or b"")
+        headers = {"content-type": reply.content_type}
+        if reply.chunks is None:
+            return UpstreamResponse(reply.status, headers, body=reply.body)
+        return UpstreamResponse(reply.status, headers, stream=self._chunks(reply.chunks))
 
-    async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def _chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in chunks:
                 yield chunk
-        except httpx.TransportError as exc:
+        except UpstreamTransportError as exc:
             raise await self.crashed(exc) from exc
-        finally:
-            await response.aclose()
 
     async def offload(self) -> dict[str, Any]:
         raise ModelBossError(f"'{self.manifest.id}' cannot be offloaded to CPU RAM",
