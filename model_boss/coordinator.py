@@ -145,6 +145,7 @@ class Coordinator:
                 await task
         await self.pool.shutdown()
         self.pool.learned.flush()
+        self.queue.request_log.close()
         await self.boss.close(release_held=True)
         self.events.emit("stopped")
 

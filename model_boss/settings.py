@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     max_offloaded_mb: int | None = Field(default=None, ge=0)
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
+    request_log: bool = True
     log_level: str = "INFO"
 
     @field_validator("manifests", mode="before")

@@ -19,6 +19,7 @@ from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
 from .pool import ModelPool
+from .request_log import RequestLog
 from .requestors import RequestorRegistry
 from .slot import ModelSlot, SlotState
 
@@ -70,6 +71,8 @@ class InferenceQueue:
         self.settings = settings
         self.events = events
         self.requestors = RequestorRegistry()
+        self.request_log = RequestLog(settings.state_path / "requests.jsonl"
+                                      if settings.request_log else None)
         self._pending: list[QueuedRequest] = []
         self._wake = asyncio.Event()
         self._in_flight_by_client: dict[str, int] = {}
@@ -172,9 +175,13 @@ class InferenceQueue:
         elif keep_alive < 0:
             slot.last_used = time.time()
             slot.unload_at = None
+        duration = time.monotonic() - ticket.started
         if ok:
-            self.pool.learned.observe_inference(slot.model_id,
-                                                time.monotonic() - ticket.started)
+            self.pool.learned.observe_inference(slot.model_id, duration)
+        self.request_log.write(model=slot.model_id, priority=request.priority,
+                               duration=duration, client_id=request.client_id, ok=ok,
+                               size_mb=slot.estimate.mb if slot.estimate else 0,
+                               submitted_at=request.submitted_at)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, ok, time.monotonic() - ticket.started,

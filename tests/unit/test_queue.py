@@ -173,3 +173,20 @@ async def test_client_max_concurrency(tmp_path):
         other.release()
     finally:
         await coord.stop()
+
+
+async def test_request_log_replays_in_the_simulator(tmp_path):
+    from benchmarks.scheduler_sim import jsonl_trace, simulate
+
+    coord, _ = coordinator(tmp_path, [manifest("a", 3000), manifest("b", 3000)])
+    await coord.start()
+    try:
+        for model, priority in [("a", 5), ("b", 1), ("a", 0)]:
+            await run(coord, model, priority=priority)
+    finally:
+        await coord.stop()
+    path = coord.settings.state_path / "requests.jsonl"
+    trace = jsonl_trace(path, capacity_mb=3584)
+    assert [(r.model, r.priority) for r in trace.requests] == [("a", 5), ("b", 1), ("a", 0)]
+    assert trace.sizes == {"a": 3000, "b": 3000}
+    assert simulate(trace, "one-at-a-time").cold_loads == 3
