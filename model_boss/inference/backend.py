@@ -178,23 +178,8 @@ class HttpWorkerBackend:
         if self._upstream is None:
             raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
         content = orjson.dumps(body) if body is not None else b""
-        try:
-            reply = await self._upstream.post(path, content, _JSON, stream)
-        except UpstreamTransportError as exc:
-            raise await self.crashed(exc) from exc
-        if reply.status >= 400:
-            raise upstream_error(self.manifest.id, reply.status, reply.body or b"")
-        headers = {"content-type": reply.content_type}
-        if reply.chunks is None:
-            return UpstreamResponse(reply.status, headers, body=reply.body)
-        return UpstreamResponse(reply.status, headers, stream=self._chunks(reply.chunks))
-
-    async def _chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except UpstreamTransportError as exc:
-            raise await self.crashed(exc) from exc
+        return await forward(self._upstream, path, content, _JSON, stream, self.manifest.id,
+                             self.crashed)
 
     async def offload(self) -> dict[str, Any]:
         raise ModelBossError(f"'{self.manifest.id}' cannot be offloaded to CPU RAM",
@@ -206,6 +191,33 @@ class HttpWorkerBackend:
 
     async def report(self) -> dict[str, Any]:
         return {}
+
+
+async def forward(client: UpstreamClient, path: str, content: bytes, headers: dict[str, str],
+                  stream: bool, model_id: str,
+                  transport_error: Callable[[Exception], Awaitable[ModelBossError]],
+                  ) -> UpstreamResponse:
+    """POST on the pooled client; 4xx/5xx mapped by :func:`upstream_error`, transport failures
+    (also mid-stream) by ``transport_error``; stream chunks relayed as they arrive."""
+    try:
+        reply = await client.post(path, content, headers, stream)
+    except UpstreamTransportError as exc:
+        raise await transport_error(exc) from exc
+    if reply.status >= 400:
+        raise upstream_error(model_id, reply.status, reply.body or b"")
+    kind = {"content-type": reply.content_type}
+    if reply.chunks is None:
+        return UpstreamResponse(reply.status, kind, body=reply.body)
+    chunks = reply.chunks
+
+    async def relay() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except UpstreamTransportError as exc:
+            raise await transport_error(exc) from exc
+
+    return UpstreamResponse(reply.status, kind, stream=relay())
 
 
 def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
@@ -234,4 +246,3 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-LoadHook = Callable[[], Awaitable[None]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -13,8 +13,8 @@ from ...catalog import CatalogEntry
 from ...errors import ModelBossError, UpstreamError
 from ...gpu.placement import Placement
 from ...settings import Settings
-from ..backend import UpstreamResponse, upstream_error
-from ..upstream import UpstreamClient, UpstreamTransportError
+from ..backend import UpstreamResponse, forward
+from ..upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class CloudBackend:
     async def health_check(self) -> bool:
         return self._client is not None
 
-    def _unreachable(self, exc: Exception) -> UpstreamError:
+    async def _unreachable(self, exc: Exception) -> UpstreamError:
         return UpstreamError(f"'{self.manifest.id}': {self.manifest.base_url} unreachable: "
                              f"{type(exc).__name__}: {exc}", code="upstream_unreachable")
 
@@ -66,23 +66,8 @@ class CloudBackend:
                                  code="model_load_failed")
         body["model"] = self.manifest.remote_model or self.manifest.id
         path = endpoint[3:] if endpoint.startswith("/v1/") else endpoint
-        try:
-            reply = await self._client.post(path, orjson.dumps(body), self._headers, stream)
-        except UpstreamTransportError as exc:
-            raise self._unreachable(exc) from exc
-        if reply.status >= 400:
-            raise upstream_error(self.manifest.id, reply.status, reply.body or b"")
-        headers = {"content-type": reply.content_type}
-        if reply.chunks is None:
-            return UpstreamResponse(reply.status, headers, body=reply.body)
-        return UpstreamResponse(reply.status, headers, stream=self._relay(reply.chunks))
-
-    async def _relay(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except UpstreamTransportError as exc:
-            raise self._unreachable(exc) from exc
+        return await forward(self._client, path, orjson.dumps(body), self._headers, stream,
+                             self.manifest.id, self._unreachable)
 
     async def offload(self) -> dict[str, Any]:
         return {}
