@@ -299,3 +299,22 @@ def test_events_stream_and_cli(server):
                         capture_output=True, text=True, timeout=30)
     assert ps.returncode == 0 and "smol" in ps.stdout and "ready" in ps.stdout
     assert "sim-8g" in ps.stdout
+
+
+def test_stream_client_that_goes_away_frees_the_slot(server):
+    body = {"model": "smol", "stream": True, "max_tokens": 2000,
+            "messages": [{"role": "user", "content": "Write a very long story."}]}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        busy = next(s for s in server.status()["slots"] if s["model"] == "smol")
+        assert busy["active_requests"] == 1
+    started = time.monotonic()
+    wait_for(lambda: next(s for s in server.status()["slots"]
+                          if s["model"] == "smol")["active_requests"] == 0, timeout=10)
+    assert time.monotonic() - started < 5  # far sooner than 2000 tokens would take
+    reply = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 200
