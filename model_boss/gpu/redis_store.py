@@ -19,17 +19,26 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-ACQUIRE = _NOW + """
+# Drops expired leases; leaves the live ones, encoded and decoded, in `live` and `held`.
+_REAP = _NOW + """
 local all = redis.call('HGETALL', KEYS[1])
-local used = {}
+local live, held = {}, {}
 for i = 1, #all, 2 do
-  local held = cjson.decode(all[i + 1])
-  if tonumber(held.expires_at) <= now then
+  local lease = cjson.decode(all[i + 1])
+  if tonumber(lease.expires_at) <= now then
     redis.call('HDEL', KEYS[1], all[i])
   else
-    for gpu, mb in pairs(held.allocations) do
-      used[gpu] = (used[gpu] or 0) + tonumber(mb)
-    end
+    table.insert(live, all[i + 1])
+    table.insert(held, lease)
+  end
+end
+"""
+
+ACQUIRE = _REAP + """
+local used = {}
+for _, other in ipairs(held) do
+  for gpu, mb in pairs(other.allocations) do
+    used[gpu] = (used[gpu] or 0) + tonumber(mb)
   end
 end
 local lease = cjson.decode(ARGV[1])
@@ -59,17 +68,7 @@ redis.call('HSET', KEYS[1], ARGV[1], encoded)
 return encoded
 """
 
-LIVE = _NOW + """
-local all = redis.call('HGETALL', KEYS[1])
-local live = {}
-for i = 1, #all, 2 do
-  local held = cjson.decode(all[i + 1])
-  if tonumber(held.expires_at) <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    table.insert(live, all[i + 1])
-  end
-end
+LIVE = _REAP + """
 return live
 """
 

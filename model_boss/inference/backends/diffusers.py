@@ -93,19 +93,17 @@ class DiffusersBackend(HttpWorkerBackend):
         return await self._post("/onload")
 
     async def report(self) -> dict[str, Any]:
-        if self._client is None:
-            return {}
-        try:
-            response = await self._client.get("/health", timeout=5)
-        except httpx.HTTPError:
-            return {}
-        return response.json() if response.status_code == 200 else {}
+        return await self._get("/health", timeout_s=5)
 
     async def progress(self) -> dict[str, Any]:
+        return await self._get("/progress", timeout_s=2)
+
+    async def _get(self, path: str, timeout_s: float) -> dict[str, Any]:
+        """A worker report; {} when the worker cannot say (not running, busy, gone)."""
         if self._client is None:
             return {}
         try:
-            response = await self._client.get("/progress", timeout=2)
+            response = await self._client.get(path, timeout=timeout_s)
         except httpx.HTTPError:
             return {}
         return response.json() if response.status_code == 200 else {}
