@@ -41,7 +41,7 @@ def test_mixed_load_leaves_no_stuck_slot_or_lease(make_server, demo_gguf):
             return await asyncio.gather(*[one(client, *args) for args in plan])
 
     results = asyncio.run(run_all())
-    for (model, _, impatient, stream), (status, headers, text) in zip(plan, results):
+    for (model, _, impatient, stream), (status, headers, text) in zip(plan, results, strict=True):
         if status == "gone":
             assert impatient
             continue
