@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
 from ..errors import LeaseNotFound
 from ..gpu import GPUBoss
@@ -15,19 +15,29 @@ router = APIRouter()
 
 
 class LeaseRequest(BaseModel):
+    """``POST /api/v1/leases``: ``vram_mb`` (optionally on ``gpu``) or ``allocations``."""
+
     model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(default="external", min_length=1, max_length=64)
     holder: str | None = Field(default=None, max_length=200)
     vram_mb: int | None = Field(default=None, gt=0)
-    gpu: int | None = Field(default=None, ge=0)
-    allocations: dict[int, int] | None = None
+    gpu: NonNegativeInt | None = None
+    allocations: dict[NonNegativeInt, PositiveInt] | None = Field(default=None, min_length=1)
     priority: int = Field(default=5, ge=0, le=100)
     ttl_s: float | None = Field(default=None, gt=0, le=3600)
     note: str = Field(default="", max_length=500)
 
+    @model_validator(mode="after")
+    def _one_shape(self) -> LeaseRequest:
+        if self.allocations is not None and (self.vram_mb is not None or self.gpu is not None):
+            raise ValueError("give allocations, or vram_mb with an optional gpu, not both")
+        return self
+
 
 class RenewRequest(BaseModel):
+    """``POST /api/v1/leases/{id}/renew``: a new TTL, else the boss's default."""
+
     model_config = ConfigDict(extra="forbid")
 
     ttl_s: float | None = Field(default=None, gt=0, le=3600)

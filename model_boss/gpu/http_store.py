@@ -2,21 +2,48 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import httpx
 
-from ..errors import BadRequest, StoreUnavailable
+from ..errors import (
+    BadRequest,
+    LeaseNotFound,
+    LeaseUnavailable,
+    ModelBossError,
+    StoreUnavailable,
+    Unauthorized,
+)
 from .lease import Lease
+
+# Error codes the daemon sends back, turned into the same exceptions on this side.
+_ERRORS: dict[str, type[ModelBossError]] = {
+    "invalid_request": BadRequest,
+    "invalid_api_key": Unauthorized,
+    "lease_not_found": LeaseNotFound,
+    "lease_unavailable": LeaseUnavailable,
+    "store_unavailable": StoreUnavailable,
+}
 
 
 class HttpLeaseStore:
-    """``GPUBoss.from_url("http://127.0.0.1:8210")``: the daemon enforces the limits."""
+    """``GPUBoss.from_url("http://127.0.0.1:8210")``: the daemon grants and enforces leases.
 
-    def __init__(self, base_url: str, api_key: str | None = None,
+    The API key defaults to ``MODEL_BOSS_ADMIN_API_KEY`` or ``MODEL_BOSS_API_KEY`` from the
+    environment (the lease API lives under ``/api/``). ``transport`` is the seam tests use to
+    talk to an app in-process.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout_s: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if api_key is None:
+            api_key = (os.environ.get("MODEL_BOSS_ADMIN_API_KEY")
+                       or os.environ.get("MODEL_BOSS_API_KEY"))
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=30,
-                                         transport=transport)
+        self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers,
+                                         timeout=timeout_s, transport=transport)
 
     async def _call(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
         try:
@@ -25,36 +52,68 @@ class HttpLeaseStore:
             raise StoreUnavailable(f"lease API at {self.base_url} unreachable: {exc}",
                                    retry_after_s=5) from exc
 
+    def _error(self, response: httpx.Response) -> ModelBossError:
+        """The daemon's error envelope as the matching :class:`ModelBossError`."""
+        try:
+            error: dict[str, Any] = response.json().get("error") or {}
+        except (ValueError, AttributeError):
+            error = {}
+        message = error.get("message") or f"lease API answered {response.status_code}: " \
+            f"{response.text[:200]}"
+        retry_after = response.headers.get("retry-after", "")
+        kind = _ERRORS.get(error.get("code") or "", ModelBossError)
+        return kind(message, param=error.get("param"), code=error.get("code"),
+                    status_code=response.status_code,
+                    retry_after_s=float(retry_after) if retry_after.isdigit() else None)
+
+    def _gone(self, response: httpx.Response) -> bool:
+        """The daemon says this lease does not exist (released, expired, never granted)."""
+        return response.status_code == 404 and isinstance(self._error(response), LeaseNotFound)
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            raise self._error(response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise StoreUnavailable(f"lease API at {self.base_url} answered non-JSON: "
+                                   f"{response.text[:200]}") from exc
+
     async def acquire(self, lease: Lease, limits: dict[int, int]) -> bool:
+        """POST the lease; the daemon checks its own limits (``limits`` is not sent)."""
         response = await self._call("POST", "/api/v1/leases", {
             "kind": lease.kind, "holder": lease.holder, "priority": lease.priority,
             "allocations": {str(k): v for k, v in lease.allocations.items()},
             "ttl_s": lease.ttl_s, "note": lease.note})
-        if response.status_code == 503:
+        if response.status_code == 503 and isinstance(self._error(response), LeaseUnavailable):
             return False
-        if response.status_code >= 400:
-            raise BadRequest(response.json().get("error", {}).get("message", response.text))
-        granted = Lease.from_dict(response.json())
+        granted = Lease.from_dict(self._json(response))
         lease.id, lease.expires_at = granted.id, granted.expires_at
+        lease.created_at = granted.created_at
         return True
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease | None:
         response = await self._call("POST", f"/api/v1/leases/{lease_id}/renew",
                                     {"ttl_s": ttl_s})
-        return Lease.from_dict(response.json()) if response.status_code == 200 else None
+        if self._gone(response):
+            return None
+        return Lease.from_dict(self._json(response))
 
     async def release(self, lease_id: str) -> bool:
-        return (await self._call("DELETE", f"/api/v1/leases/{lease_id}")).status_code == 200
+        response = await self._call("DELETE", f"/api/v1/leases/{lease_id}")
+        if self._gone(response):
+            return False
+        return bool(self._json(response).get("released"))
 
     async def list(self) -> list[Lease]:
-        response = await self._call("GET", "/api/v1/leases")
-        return [Lease.from_dict(item) for item in response.json()["leases"]]
+        body = self._json(await self._call("GET", "/api/v1/leases"))
+        return [Lease.from_dict(item) for item in body["leases"]]
 
     async def publish_inventory(self, gpus: list[dict]) -> None:
         return None  # the daemon owns the inventory
 
     async def inventory(self) -> list[dict]:
-        return (await self._call("GET", "/api/v1/gpus")).json()["gpus"]
+        return self._json(await self._call("GET", "/api/v1/gpus"))["gpus"]
 
     async def close(self) -> None:
         await self._client.aclose()

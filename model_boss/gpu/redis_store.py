@@ -1,13 +1,14 @@
 """RedisLeaseStore: leases shared by every process and host that points at one Redis.
 
 Each operation that reads and writes is one Lua script, so an acquire is atomic across
-processes: live leases are summed per GPU, expired ones dropped (Redis ``TIME`` is the clock),
-and the new lease is written only if every GPU it asks for has room.
+processes and hosts: expired leases are dropped (Redis ``TIME`` is the one clock), live ones
+summed per GPU, and the new lease is written only if every GPU it asks for has room.
 """
 
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis.asyncio as redis
 
@@ -34,6 +35,8 @@ for i = 1, #all, 2 do
 end
 """
 
+# KEYS[1] leases hash; ARGV: lease JSON, limits JSON ({"gpu": MB}), ttl_s.
+# Returns {1, expires_at} when granted, {0, reason} (nothing written) when not.
 ACQUIRE = _REAP + """
 local used = {}
 for _, other in ipairs(held) do
@@ -43,16 +46,21 @@ for _, other in ipairs(held) do
 end
 local lease = cjson.decode(ARGV[1])
 local limits = cjson.decode(ARGV[2])
-for gpu, mb in pairs(lease.allocations) do
+local order = {}
+for gpu in pairs(lease.allocations) do table.insert(order, gpu) end
+table.sort(order, function(a, b) return tonumber(a) < tonumber(b) end)
+for _, gpu in ipairs(order) do
   local limit = limits[gpu]
   if limit == nil then return {0, 'unknown GPU ' .. gpu} end
-  if (used[gpu] or 0) + tonumber(mb) > tonumber(limit) then return {0, 'GPU ' .. gpu} end
+  local asked = tonumber(lease.allocations[gpu])
+  if (used[gpu] or 0) + asked > tonumber(limit) then return {0, 'GPU ' .. gpu .. ' full'} end
 end
 lease.expires_at = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], lease.id, cjson.encode(lease))
 return {1, tostring(lease.expires_at)}
 """
 
+# KEYS[1] leases hash; ARGV: lease id, ttl_s. Returns the renewed lease JSON, or nil.
 RENEW = _NOW + """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return false end
@@ -73,13 +81,31 @@ return live
 """
 
 
-class RedisLeaseStore:
-    """The :class:`~model_boss.gpu.lease.LeaseStore` over Redis (``redis://`` URL)."""
+def redact(url: str) -> str:
+    """``url`` without its password, for error messages that may reach API clients."""
+    parts = urlsplit(url)
+    netloc, query = parts.netloc, parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and all(key != "password" for key, _ in query):
+        return url
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    hidden = urlencode([(k, "***" if k == "password" else v) for k, v in query], safe="*")
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{hidden}" if hidden else "")
 
-    def __init__(self, url: str, prefix: str = "model-boss") -> None:
+
+class RedisLeaseStore:
+    """The :class:`~model_boss.gpu.lease.LeaseStore` over Redis (``redis://`` URL).
+
+    Leases live in one hash ``<prefix>:leases`` (lease id → JSON), the published GPU
+    inventory in ``<prefix>:gpus``. Redis errors leave as :class:`StoreUnavailable`.
+    """
+
+    def __init__(self, url: str, prefix: str = "model-boss", *,
+                 timeout_s: float = 10.0) -> None:
         self.url = url
         self.prefix = prefix
-        self._redis = redis.from_url(url)
+        self._redis = redis.from_url(url, socket_connect_timeout=timeout_s,
+                                     socket_timeout=timeout_s)
         self._acquire = self._redis.register_script(ACQUIRE)
         self._renew = self._redis.register_script(RENEW)
         self._live = self._redis.register_script(LIVE)
@@ -92,13 +118,15 @@ class RedisLeaseStore:
     def _gpus_key(self) -> str:
         return f"{self.prefix}:gpus"
 
-    def _unavailable(self, exc: Exception) -> StoreUnavailable:
-        return StoreUnavailable(f"lease store: Redis at {self.url} unreachable: {exc}",
+    def _unavailable(self, exc: redis.RedisError) -> StoreUnavailable:
+        how = "unreachable" if isinstance(exc, redis.ConnectionError | redis.TimeoutError) \
+            else "failed"
+        return StoreUnavailable(f"lease store: Redis at {redact(self.url)} {how}: {exc}",
                                 retry_after_s=5)
 
     async def acquire(self, lease: Lease, limits: dict[int, int]) -> bool:
         data = lease.to_dict()
-        data.pop("vram_mb", None)
+        data.pop("vram_mb", None)  # derived; not stored
         try:
             granted, value = await self._acquire(
                 keys=[self._leases_key],
