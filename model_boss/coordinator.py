@@ -44,6 +44,7 @@ class Coordinator:
                             nvml=self.nvml, ttl_s=settings.lease_ttl_s)
         self.pool = ModelPool(self.catalog, self.boss, settings, self.events,
                               backend_factory=backend_factory)
+        self.boss.on_lease_lost = self.pool.lease_lost
         self.queue = InferenceQueue(self.pool, settings, self.events)
         self.tasks = TaskRegistry.load(settings.tasks_file, self.catalog)
         self.runtime = RuntimeConfig(
@@ -134,7 +135,8 @@ class Coordinator:
             log.error("preload of '%s' skipped: %s", model_id, exc.message)
             self.events.emit("preload_failed", model=model_id, error=exc.message)
             return
-        self.pool.start_load(model_id, self.settings.default_priority).add_done_callback(done)
+        self.pool.spawn(self.pool.ensure_ready(model_id, self.settings.default_priority)
+                        ).add_done_callback(done)
 
     async def stop(self) -> None:
         await self.jobs.shutdown()

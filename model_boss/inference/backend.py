@@ -45,6 +45,11 @@ class InferenceBackend(Protocol):
     @property
     def pid(self) -> int | None: ...
 
+    @property
+    def alive(self) -> bool:
+        """The worker can take a request now (checked at every grant, synchronously)."""
+        ...
+
     async def start(self, port: int, placement: Placement | None) -> None: ...
 
     async def stop(self) -> None: ...
@@ -84,6 +89,13 @@ class HttpWorkerBackend:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
+
+    @property
+    def alive(self) -> bool:
+        """Asks the kernel, not the exit watcher, so a worker that died a moment ago is never
+        granted a request before the watcher has run."""
+        return (self.process is not None and self.process.running
+                and self.process.pid is not None and pid_alive(self.process.pid))
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         raise NotImplementedError
@@ -240,6 +252,26 @@ def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
         error.error_type = "invalid_request_error"
         return error
     return UpstreamError(f"worker for '{model_id}' answered {status}: {message}")
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless ``pid`` is gone or a zombie (dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return _signal_zero(pid)
+    return state not in (b"Z", b"X", b"x")
+
+
+def _signal_zero(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _safe(name: str) -> str:

@@ -18,6 +18,8 @@ from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, RateLimit
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
+from .owner import SlotOwner
+from .planner import Never, Wait
 from .pool import ModelPool
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
@@ -109,10 +111,9 @@ class InferenceQueue:
         self._pending.append(request)
         self.requestors.submitted(request.client_id)
         if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
-            slot = self.pool.slots.get(request.model_id)
-            if slot is not None and slot.state == SlotState.READY \
-                    and slot.active < slot.parallel and self._client_has_room(request):
-                self._grant(request, slot)
+            owner = self.pool.owners.get(request.model_id)
+            if owner is not None and self._client_has_room(request) \
+                    and self._grant(request, owner):
                 return request.future.result()
         self.wake()
         try:
@@ -147,34 +148,23 @@ class InferenceQueue:
                        load_s=learned.predicted_load_s(request.model_id, size),
                        infer_s=learned.predicted_infer_s(request.model_id))
 
-    def _grant(self, request: QueuedRequest, slot: ModelSlot) -> None:
-        slot.active += 1
-        slot.touch(request.priority)
-        if request.keep_alive_s is not None:
-            if request.keep_alive_s == 0:
-                slot.unload_after_request = True
-            elif request.keep_alive_s < 0:
-                slot.unload_at = None
-            else:
-                slot.unload_at = time.time() + request.keep_alive_s
+    def _grant(self, request: QueuedRequest, owner: SlotOwner) -> bool:
+        """Grant ``request`` a place on ``owner``'s slot if the owner agrees (READY, leased,
+        alive, room); the check and the count happen with no await between them."""
+        if not owner.try_acquire(request.priority, request.keep_alive_s):
+            return False
+        slot = owner.slot
         self._in_flight_by_client[request.client_id] = (
             self._in_flight_by_client.get(request.client_id, 0) + 1)
         self._pending.remove(request)
         self.requestors.started(request.client_id)
         self.granted_total += 1
         request.future.set_result(SlotTicket(self, request, slot))
+        return True
 
     def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
         slot, request = ticket.slot, ticket.request
-        slot.active = max(0, slot.active - 1)
-        keep_alive = request.keep_alive_s
-        if keep_alive is None or keep_alive > 0:
-            slot.touch(request.priority)
-            if keep_alive is not None and keep_alive > 0:
-                slot.unload_at = time.time() + keep_alive
-        elif keep_alive < 0:
-            slot.last_used = time.time()
-            slot.unload_at = None
+        self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
         duration = time.monotonic() - ticket.started
         if ok:
             self.pool.learned.observe_inference(slot.model_id, duration)
@@ -186,7 +176,6 @@ class InferenceQueue:
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, ok, time.monotonic() - ticket.started,
                                  counts_as_failure=not client_fault)
-        self.pool.request_finished(slot)
         self.wake()
 
     def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
@@ -218,14 +207,14 @@ class InferenceQueue:
                 self._fail(request, self._timeout_error(request, now))
                 continue
             try:
-                slot = self.pool.slot(request.model_id)
+                owner = self.pool.owner(request.model_id)
             except ModelBossError as exc:
                 self._fail(request, exc)
                 continue
+            slot = owner.slot
             if slot.state == SlotState.READY:
-                if (slot.model_id not in draining and slot.active < slot.parallel
-                        and self._client_has_room(request)):
-                    self._grant(request, slot)
+                if slot.model_id not in draining and self._client_has_room(request):
+                    self._grant(request, owner)
                 continue
             if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
                 continue
@@ -233,19 +222,20 @@ class InferenceQueue:
                 continue
             considered.add(request.model_id)
             try:
-                admission = await self.pool.admission(request.model_id, request.priority)
+                decision = await self.pool.plan(request.model_id, request.priority)
             except ModelBossError as exc:
                 self._fail_model(request.model_id, exc)
                 continue
-            if admission.never:
+            if isinstance(decision, Never):
                 self._fail_model(request.model_id,
-                                 CapacityExceeded(admission.reason, retry_after_s=30))
-            elif admission.can_start:
-                task = self.pool.start_load(request.model_id, request.priority)
-                task.add_done_callback(
-                    lambda t, model=request.model_id: self._load_done(model, t))
-            else:
-                draining.update(admission.blocking)
+                                 CapacityExceeded(decision.reason, retry_after_s=30))
+            elif isinstance(decision, Wait):
+                draining.update(decision.blocking)
+            else:  # the owner joins a load already in flight instead of starting a second
+                task = owner.start_load(request.priority)
+                if task is not None:
+                    task.add_done_callback(
+                        lambda t, model=request.model_id: self._load_done(model, t))
 
     def _timeout_error(self, request: QueuedRequest, now: float) -> ModelBossError:
         waited = now - request.submitted_at

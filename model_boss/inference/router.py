@@ -123,7 +123,7 @@ class ModelRouter:
             available = False
         if available and not warm:
             try:
-                placeable = (await self.pool.admission(model_id, priority)).can_start
+                placeable = (await self.pool.plan(model_id, priority)).can_start
             except ModelBossError:
                 placeable = False
         return Candidate(entry.manifest.id, position, is_cloud(self.catalog, model_id),

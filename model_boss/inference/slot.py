@@ -22,21 +22,28 @@ log = logging.getLogger(__name__)
 
 
 class SlotState(StrEnum):
-    IDLE = "idle"
-    LOADING = "loading"
-    READY = "ready"
-    OFFLOADED = "offloaded"
-    STOPPING = "stopping"
+    IDLE = "idle"            # no worker, no lease (disk tier)
+    LOADING = "loading"      # lease held, worker starting (or onloading from the CPU tier)
+    READY = "ready"          # lease held, worker alive: the only state requests are granted in
+    DRAINING = "draining"    # about to offload or stop: no new grants, running ones finish
+    OFFLOADING = "offloading"  # weights moving to CPU RAM
+    OFFLOADED = "offloaded"  # worker alive, weights in CPU RAM, no lease (CPU tier)
+    STOPPING = "stopping"    # worker being stopped
 
 
-# The one transition table. Crashes take READY/LOADING/OFFLOADED straight back to IDLE.
+S = SlotState
+# The one transition table. A crash or a lost lease takes any state with a worker to IDLE.
 TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
-    SlotState.IDLE: frozenset({SlotState.LOADING}),
-    SlotState.LOADING: frozenset({SlotState.READY, SlotState.IDLE, SlotState.STOPPING}),
-    SlotState.READY: frozenset({SlotState.STOPPING, SlotState.OFFLOADED, SlotState.IDLE}),
-    SlotState.OFFLOADED: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.IDLE}),
-    SlotState.STOPPING: frozenset({SlotState.IDLE}),
+    S.IDLE: frozenset({S.LOADING}),
+    S.LOADING: frozenset({S.READY, S.IDLE, S.STOPPING}),
+    S.READY: frozenset({S.DRAINING, S.OFFLOADING, S.STOPPING, S.IDLE}),
+    S.DRAINING: frozenset({S.READY, S.OFFLOADING, S.STOPPING, S.IDLE}),
+    S.OFFLOADING: frozenset({S.OFFLOADED, S.STOPPING, S.IDLE}),
+    S.OFFLOADED: frozenset({S.LOADING, S.STOPPING, S.IDLE}),
+    S.STOPPING: frozenset({S.IDLE}),
 }
+# States in which the slot's worker process exists.
+WITH_WORKER = frozenset({S.READY, S.DRAINING, S.OFFLOADING, S.OFFLOADED})
 
 
 class IllegalTransition(ModelBossError):
@@ -113,6 +120,12 @@ class ModelSlot:
     def evictable_state(self) -> bool:
         return self.state in (SlotState.READY, SlotState.OFFLOADED)
 
+    @property
+    def tier(self) -> str:
+        if self.state in (S.READY, S.DRAINING, S.OFFLOADING):
+            return "gpu"
+        return "cpu" if self.state == S.OFFLOADED else "disk"
+
     def to_dict(self) -> dict[str, Any]:
         manifest = self.entry.manifest
         return {
@@ -120,7 +133,7 @@ class ModelSlot:
             "category": str(manifest.category),
             "backend": str(manifest.backend),
             "state": str(self.state),
-            "tier": {"ready": "gpu", "offloaded": "cpu"}.get(str(self.state), "disk"),
+            "tier": self.tier,
             "pid": self.backend.pid if self.backend else None,
             "port": self.port,
             "pinned": self.pinned,

@@ -28,6 +28,7 @@ class FakeBackend:
         self.on_exit = None
         self.pid = 4242
         self.stopped = False
+        self.alive = True
 
     async def start(self, port, placement) -> None:
         self.log.append(("start", self.entry.manifest.id))
@@ -37,6 +38,7 @@ class FakeBackend:
 
     async def stop(self) -> None:
         self.stopped = True
+        self.alive = False
         self.log.append(("stop", self.entry.manifest.id))
 
     async def health_check(self) -> bool:

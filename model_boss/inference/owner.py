@@ -1,0 +1,451 @@
+"""SlotOwner: the one writer of a ModelSlot's state, lease and worker process.
+
+Everyone else asks it. Requests call :meth:`try_acquire` / :meth:`release` (synchronous, so a
+grant is decided with no ``await`` between the check and the count); lifecycle callers call
+:meth:`ensure_ready`, :meth:`evict`, :meth:`offload` and :meth:`unload`. Lifecycle work runs as
+one *operation* task at a time per slot; a second caller joins (load) or waits for it. The state
+that blocks new grants (DRAINING, OFFLOADING, STOPPING) is set before the first ``await`` of
+every operation. A crash, a lost lease or a dead process found at grant time take the slot out
+of READY synchronously, before any later grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CapacityExceeded, LoadFailed, ModelBossError
+from ..gpu.lease import Lease
+from ..gpu.placement import Placement
+from .backend import InferenceBackend
+from .process import free_port
+from .slot import WITH_WORKER, ModelSlot, SlotState
+
+if TYPE_CHECKING:
+    from .pool import ModelPool
+
+log = logging.getLogger(__name__)
+
+S = SlotState
+MAX_LOAD_TRIES = 3  # loads one ensure_ready starts when the worker keeps dying right after
+
+
+def model_busy(model_id: str, active: int) -> CapacityExceeded:
+    return CapacityExceeded(f"'{model_id}' is serving {active} request(s)", retry_after_s=2,
+                            status_code=409, code="model_busy")
+
+
+class SlotOwner:
+    """Drives one :class:`ModelSlot`. Nothing else changes the slot's state, lease or worker."""
+
+    def __init__(self, slot: ModelSlot, pool: ModelPool) -> None:
+        self.slot = slot
+        self.pool = pool
+        self._op: asyncio.Task | None = None
+        self._op_kind = ""
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @property
+    def model_id(self) -> str:
+        return self.slot.model_id
+
+    @property
+    def busy(self) -> bool:
+        """An operation (load, offload, stop) is in flight."""
+        return self._op is not None and not self._op.done()
+
+    @property
+    def loading(self) -> bool:
+        return self.busy and self._op_kind == "load"
+
+    # -- requests -------------------------------------------------------------------------
+
+    def try_acquire(self, priority: int, keep_alive_s: float | None = None) -> bool:
+        """Count one request against the slot if it is READY, leased, alive and has room."""
+        s = self.slot
+        if s.state != S.READY or s.active >= s.parallel:
+            return False
+        if s.lease is None and s.backend is not None and s.backend.needs_vram:
+            if not self.busy:
+                self._stop_now("READY without a lease")
+            return False
+        if s.backend is None or not s.backend.alive:
+            self._lose_worker("worker process is not alive", "worker_crashed")
+            return False
+        s.active += 1
+        self._drained.clear()
+        s.touch(priority)
+        if keep_alive_s is not None:
+            if keep_alive_s == 0:
+                s.unload_after_request = True
+            elif keep_alive_s < 0:
+                s.unload_at = None
+            else:
+                s.unload_at = time.time() + keep_alive_s
+        return True
+
+    def release(self, priority: int, keep_alive_s: float | None = None) -> None:
+        """One request on the slot ended; honours its keep-alive."""
+        s = self.slot
+        s.active = max(0, s.active - 1)
+        if keep_alive_s is None or keep_alive_s > 0:
+            s.touch(priority)
+            if keep_alive_s is not None:
+                s.unload_at = time.time() + keep_alive_s
+        else:
+            s.last_used = time.time()
+            if keep_alive_s < 0:
+                s.unload_at = None
+        if s.active == 0:
+            self._drained.set()
+            if s.unload_after_request and not s.pinned:
+                s.unload_after_request = False
+                self.pool.spawn(self._quiet(self.unload("keep_alive 0")))
+        self.pool.on_change()
+
+    def set_pinned(self, pinned: bool) -> None:
+        self.slot.pinned = pinned
+        self.slot.refresh_unload_at()
+
+    # -- lifecycle: public ----------------------------------------------------------------
+
+    async def ensure_ready(self, priority: int) -> ModelSlot:
+        """The slot READY: joins a load in flight, never starts a second one; waits out an
+        offload or stop in flight, then loads (an OFFLOADED slot is onloaded)."""
+        loads = 0
+        while True:
+            s = self.slot
+            if s.state == S.READY:
+                return s
+            if not self.busy:
+                if s.state not in (S.IDLE, S.OFFLOADED) or loads >= MAX_LOAD_TRIES:
+                    raise LoadFailed(f"'{self.model_id}' is {s.state}; cannot load now",
+                                     retry_after_s=2)
+                loads += 1
+                self.start_load(priority)
+            op, kind = self._op, self._op_kind
+            assert op is not None
+            try:
+                await asyncio.shield(op)
+            except ModelBossError:
+                if kind == "load":
+                    raise
+            except Exception as exc:
+                if kind == "load":
+                    raise LoadFailed(f"loading '{self.model_id}' failed: {exc}") from exc
+
+    def start_load(self, priority: int) -> asyncio.Task | None:
+        """Begin a load now unless an operation is in flight. Returns the load to watch (the
+        one in flight, if that is a load), or None when there is nothing to load now."""
+        if self.busy:
+            return self._op if self._op_kind == "load" else None
+        if self.slot.state not in (S.IDLE, S.OFFLOADED):
+            return None
+        return self._begin("load", self._load(priority))
+
+    async def evict(self, reason: str) -> bool:
+        """Free this slot's VRAM for another model, if it is idle right now: park it in CPU RAM
+        when its backend can and RAM allows, else stop it. Never waits for a busy slot."""
+        s = self.slot
+        if self.busy or s.state != S.READY or s.active or s.pinned:
+            return False
+        offload = bool(s.backend is not None and s.backend.can_offload)
+        s.transition(S.OFFLOADING if offload else S.STOPPING, f"evicted: {reason}")
+        op = self._begin("offload" if offload else "stop",
+                         self._offload(reason) if offload else self._stop(f"evicted: {reason}"))
+        tier = await asyncio.shield(op)
+        self.pool.events.emit("evicted", model=self.model_id, reason=reason, tier=tier,
+                              last_priority=s.last_priority)
+        return True
+
+    async def unload(self, reason: str = "unload requested", *, wait_s: float = 0.0,
+                     wait_for_op: bool = False,
+                     only_if: Callable[[ModelSlot], bool] | None = None) -> bool:
+        """Stop the worker (disk tier). With requests running: wait up to ``wait_s`` for them
+        (no new grants meanwhile), else 409 ``model_busy``. False when there is nothing to do."""
+        return await self._retire(S.STOPPING, reason, wait_s, wait_for_op, only_if)
+
+    async def offload(self, reason: str = "offload requested", *, wait_s: float = 0.0) -> bool:
+        """Move the weights to CPU RAM (READY → OFFLOADED), releasing the VRAM lease."""
+        s = self.slot
+        if s.backend is not None and not s.backend.can_offload:
+            raise ModelBossError(f"'{self.model_id}' cannot be offloaded to CPU RAM",
+                                 status_code=400, code="offload_unsupported")
+        return await self._retire(S.OFFLOADING, reason, wait_s, True, None)
+
+    # -- lifecycle: callbacks (synchronous) -----------------------------------------------
+
+    def worker_exited(self, backend: InferenceBackend, code: int) -> None:
+        """The worker died on its own. A load or stop in flight reports it itself."""
+        if self.slot.backend is backend and self.slot.state in WITH_WORKER:
+            self._lose_worker(f"worker exited unexpectedly with {code}", "worker_crashed",
+                              code=code)
+
+    def lease_lost(self, lease: Lease, reason: str) -> None:
+        """GPUBoss could not keep the slot's lease: stop serving from that VRAM at once."""
+        s = self.slot
+        if s.lease is None or s.lease.id != lease.id:
+            return
+        self.pool.events.emit("lease_lost", model=self.model_id, lease=lease.id, reason=reason)
+        if s.state == S.READY and not self.busy:
+            self._stop_now(f"VRAM lease lost: {reason}")
+        else:  # an operation is in flight: it checks the lease before READY
+            s.lease = None
+
+    # -- operations -----------------------------------------------------------------------
+
+    def _begin(self, kind: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        self._op_kind = kind
+        self._op = asyncio.create_task(coro, name=f"{kind}-{self.model_id}")
+        self._op.add_done_callback(self._op_done)
+        return self._op
+
+    def _op_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.info("%s of %s failed: %s", self._op_kind, self.model_id, task.exception())
+        self.pool.on_change()
+
+    async def _load(self, priority: int) -> None:
+        s = self.slot
+        entry = self.pool.catalog.get_available(self.model_id)
+        s.estimate = self.pool.estimate(entry)
+        lease, placement = await self.pool.make_room(self, priority)
+        if s.state == S.OFFLOADED:  # the worker may have died meanwhile: then a cold load
+            await self._onload(lease, placement, priority)
+        else:
+            await self._cold_start(lease, placement, priority)
+
+    async def _cold_start(self, lease: Lease | None, placement: Placement | None,
+                          priority: int) -> None:
+        s = self.slot
+        s.lease, s.placement = lease, placement
+        s.transition(S.LOADING, f"load on GPUs {placement.gpus}" if placement else "load")
+        started = time.monotonic()
+        self.pool.events.emit("load_started", model=self.model_id,
+                              gpus=placement.gpus if placement else [],
+                              vram_mb=s.estimate.mb if s.estimate else 0,
+                              rung=s.estimate.rung if s.estimate else "")
+        backend: InferenceBackend | None = None
+        try:
+            backend = self.pool.backend_factory(s.entry, self.pool.settings)
+            backend.on_exit = lambda code, b=backend: self.worker_exited(b, code)
+            s.backend, s.port = backend, free_port()
+            await backend.start(s.port, placement)
+            self._check_still_mine(lease, backend)
+        except BaseException as exc:
+            await self._abandon_load(backend, lease, exc)
+            if isinstance(exc, ModelBossError) or not isinstance(exc, Exception):
+                raise
+            raise LoadFailed(f"loading '{self.model_id}' failed: {exc}") from exc
+        s.last_load_s = round(time.monotonic() - started, 3)
+        self.pool.learned.observe_load(self.model_id, s.last_load_s)
+        s.loads += 1
+        s.loaded_at = time.time()
+        s.last_error = None
+        s.transition(S.READY, f"loaded in {s.last_load_s}s")
+        s.touch(priority)
+        self.pool.events.emit("loaded", model=self.model_id, seconds=s.last_load_s,
+                              pid=backend.pid, port=s.port)
+        self.pool.spawn(self.pool.learn_footprint(s, backend))
+
+    async def _onload(self, lease: Lease | None, placement: Placement | None,
+                      priority: int) -> None:
+        """OFFLOADED → READY in the same worker process."""
+        s = self.slot
+        backend = s.backend
+        assert backend is not None
+        s.lease, s.placement = lease, placement
+        s.transition(S.LOADING, "onload from CPU RAM")
+        started = time.monotonic()
+        try:
+            report = await backend.onload()
+            self._check_still_mine(lease, backend)
+        except BaseException as exc:
+            self.pool.events.emit("onload_failed", model=self.model_id, error=str(exc))
+            await self._abandon_load(backend, lease, exc)
+            raise
+        s.ram_reserved_mb = 0
+        s.last_onload_s = round(time.monotonic() - started, 3)
+        s.transition(S.READY, f"onloaded in {s.last_onload_s}s")
+        s.touch(priority)
+        self.pool.events.emit("onloaded", model=self.model_id, seconds=s.last_onload_s,
+                              worker_seconds=report.get("seconds"))
+
+    def _check_still_mine(self, lease: Lease | None, backend: InferenceBackend) -> None:
+        if lease is not None and self.slot.lease is not lease:
+            raise LoadFailed(f"'{self.model_id}' lost its VRAM lease while loading",
+                             retry_after_s=2)
+        if not backend.alive:
+            raise LoadFailed(f"worker for '{self.model_id}' died right after loading",
+                             retry_after_s=2)
+
+    async def _abandon_load(self, backend: InferenceBackend | None, lease: Lease | None,
+                            exc: BaseException) -> None:
+        """A load failed: stop its worker (if any), release its lease, back to IDLE."""
+        s = self.slot
+        s.last_error = str(exc) or type(exc).__name__
+        if s.state == S.LOADING:
+            s.transition(S.STOPPING, "load failed")
+        s.backend, s.port, s.lease, s.placement, s.ram_reserved_mb = None, None, None, None, 0
+        try:
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    await backend.stop()
+        finally:
+            await self.pool.release_lease(lease, self.model_id)
+            if s.state == S.STOPPING:
+                s.transition(S.IDLE, "load failed")
+            self.pool.events.emit("load_failed", model=self.model_id, error=s.last_error)
+
+    async def _retire(self, target: SlotState, reason: str, wait_s: float, wait_for_op: bool,
+                      only_if: Callable[[ModelSlot], bool] | None) -> bool:
+        """Take a READY (or OFFLOADED) slot to ``target`` (OFFLOADING or STOPPING)."""
+        s = self.slot
+        while self.busy:
+            if not wait_for_op:
+                return False
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._op)  # type: ignore[arg-type]
+        if only_if is not None and not only_if(s):
+            return False
+        if s.state == S.OFFLOADED and target == S.STOPPING:
+            s.transition(S.STOPPING, reason)
+            await asyncio.shield(self._begin("stop", self._stop(reason)))
+            return True
+        if s.state != S.READY:
+            return False
+        if s.active and wait_s <= 0:
+            raise model_busy(self.model_id, s.active)
+        if s.active:
+            s.transition(S.DRAINING, reason)
+        else:
+            s.transition(target, reason)
+        return bool(await asyncio.shield(self._begin(
+            "offload" if target == S.OFFLOADING else "stop",
+            self._drain_then(target, reason, wait_s))))
+
+    async def _drain_then(self, target: SlotState, reason: str, wait_s: float) -> str | None:
+        s = self.slot
+        if s.state == S.DRAINING:
+            try:
+                async with asyncio.timeout(wait_s):
+                    while s.active:
+                        await self._drained.wait()
+            except TimeoutError:
+                if s.state != S.DRAINING:
+                    return None
+                if s.lease is None and s.backend is not None and s.backend.needs_vram:
+                    s.transition(S.STOPPING, "lease lost while draining")
+                    return await self._stop(f"{reason} (lease lost)")
+                s.transition(S.READY, f"still busy after {wait_s:g}s")
+                raise model_busy(self.model_id, s.active) from None
+            if s.state != S.DRAINING:
+                return None  # crashed while draining
+            s.transition(target, reason)
+        if target == S.OFFLOADING:
+            return await self._offload(reason)
+        return await self._stop(reason)
+
+    async def _offload(self, reason: str) -> str:
+        """OFFLOADING → OFFLOADED (weights to RAM, lease released), or → disk when RAM is
+        short or the worker refuses. Returns the tier the slot ends in."""
+        s = self.slot
+        backend = s.backend
+        need = self.pool.footprint_mb(s)
+        if not await self.pool.cpu_tier.make_room(need, exclude=self.model_id):
+            self.pool.events.emit("offload_skipped", model=self.model_id, need_mb=need,
+                                  ram_available_mb=self.pool.cpu_tier.ram_available_mb())
+            return await self._stop_instead(reason)
+        started = time.monotonic()
+        try:
+            assert backend is not None
+            report = await backend.offload()
+        except Exception as exc:
+            if s.backend is not backend:
+                return "disk"  # crashed meanwhile
+            self.pool.events.emit("offload_failed", model=self.model_id, error=str(exc))
+            return await self._stop_instead(reason)
+        if s.backend is not backend or s.state != S.OFFLOADING:
+            return "disk"
+        lease, s.lease, s.placement = s.lease, None, None
+        s.ram_reserved_mb = need
+        s.transition(S.OFFLOADED, reason)
+        await self.pool.release_lease(lease, self.model_id)
+        self.pool.events.emit("offloaded", model=self.model_id, reason=reason, ram_mb=need,
+                              seconds=round(time.monotonic() - started, 3),
+                              freed_mb=report.get("freed_mb"))
+        return "cpu"
+
+    async def _stop_instead(self, reason: str) -> str:
+        if self.slot.state == S.OFFLOADING:
+            self.slot.transition(S.STOPPING, f"{reason} (RAM tier unavailable)")
+            return await self._stop(reason)
+        return "disk"
+
+    async def _stop(self, reason: str) -> str:
+        """STOPPING → IDLE: stop the worker, then release its lease (the VRAM is free only
+        once the process is gone)."""
+        s = self.slot
+        backend, s.backend = s.backend, None
+        lease, s.lease, s.placement = s.lease, None, None
+        try:
+            if backend is not None:
+                await backend.stop()
+        finally:
+            await self.pool.release_lease(lease, self.model_id)
+            s.port = None
+            s.ram_reserved_mb = 0
+            if s.state == S.STOPPING:
+                s.transition(S.IDLE, "stopped")
+            self.pool.events.emit("unloaded", model=self.model_id, reason=reason)
+        return "disk"
+
+    def _stop_now(self, reason: str) -> None:
+        """READY → STOPPING synchronously, the stop itself as this slot's operation."""
+        self.slot.transition(S.STOPPING, reason)
+        self._begin("stop", self._stop(reason))
+
+    def _lose_worker(self, why: str, event: str, **fields: Any) -> None:
+        """The worker is gone (or unusable): IDLE at once; clean up in the background."""
+        s = self.slot
+        backend, s.backend = s.backend, None
+        lease, s.lease, s.placement = s.lease, None, None
+        s.port, s.ram_reserved_mb, s.last_error = None, 0, why
+        s.transition(S.IDLE, why)
+        self.pool.events.emit(event, model=self.model_id, reason=why,
+                              pid=backend.pid if backend else None, **fields)
+        self.pool.spawn(self._cleanup(backend, lease))
+
+    async def _cleanup(self, backend: InferenceBackend | None, lease: Lease | None) -> None:
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                await backend.stop()
+        await self.pool.release_lease(lease, self.model_id)
+        self.pool.on_change()
+
+    async def _quiet(self, coro: Coroutine[Any, Any, Any]) -> None:
+        with contextlib.suppress(ModelBossError):
+            await coro
+
+    async def shutdown(self) -> None:
+        """Stop whatever runs: cancel an operation in flight, stop the worker, free the lease."""
+        if self._op is not None and not self._op.done():
+            self._op.cancel()
+            with contextlib.suppress(BaseException):
+                await self._op
+        s = self.slot
+        if s.state in WITH_WORKER or s.state == S.LOADING:
+            s.transition(S.STOPPING, "shutdown")
+        backend, s.backend = s.backend, None
+        lease, s.lease, s.placement = s.lease, None, None
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                await backend.stop()
+        await self.pool.release_lease(lease, self.model_id)
+        if s.state == S.STOPPING:
+            s.transition(S.IDLE, "shutdown")
