@@ -60,6 +60,8 @@ class ModelPool:
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
         self._tasks: set[asyncio.Task] = set()
+        # The ledger: VRAM a load has evicted for and not yet leased, kept from other plans.
+        self._claims: dict[str, dict[int, int]] = {}
         self.on_change: Callable[[], None] = lambda: None
 
     # -- slots ----------------------------------------------------------------------------
@@ -119,52 +121,63 @@ class ModelPool:
                       layers=self.layer_costs(entry),
                       needs_vram=manifest.backend != BackendKind.CLOUD)
 
-    async def snapshot(self) -> Snapshot:
-        """One read of the lease store plus the slots as they are now."""
+    async def snapshot(self, for_model: str | None = None) -> Snapshot:
+        """One read of the lease store plus the slots as they are now. VRAM other loads have
+        evicted for (their claims) is not free for ``for_model``."""
         usage = await self.boss.usage()
+        free = {u.index: u.free_mb for u in usage}
+        for model, claim in self._claims.items():
+            if model != for_model:
+                for gpu, mb in claim.items():
+                    free[gpu] = max(0, free.get(gpu, 0) - mb)
         views = tuple(
             SlotView(s.model_id, str(s.state), s.pinned, s.active, s.last_used,
                      s.last_priority, s.unload_at, dict(s.lease.allocations) if s.lease else {})
             for s in self.slots.values())
-        return Snapshot({u.index: u.free_mb for u in usage},
+        return Snapshot(free,
                         {u.index: max(0, u.capacity_mb - self.boss.margin_mb) for u in usage},
                         views, time.time())
 
     async def plan(self, model_id: str, priority: int) -> Plan:
         """The planner's answer for loading ``model_id`` for a request of ``priority`` now."""
         entry = self.catalog.get_available(model_id)
-        return planner.plan(self.demand(entry, priority), await self.snapshot())
+        return planner.plan(self.demand(entry, priority), await self.snapshot(model_id))
 
     async def make_room(self, owner: SlotOwner, priority: int,
                         ) -> tuple[Lease | None, Placement | None]:
         """Carry out plans until the load holds a lease: evict one victim at a time (its
         owner does it, only if it is idle), wait for the driver to reclaim, re-plan."""
         demand = self.demand(owner.slot.entry, priority)
-        for _ in range(MAX_PLAN_ROUNDS):
-            decision = planner.plan(demand, await self.snapshot())
-            if isinstance(decision, Fit):
-                if decision.placement is None:
-                    return None, None
-                try:
-                    lease = await self.boss.acquire(
-                        kind="inference", allocations=decision.placement.allocations,
-                        priority=priority, note=owner.model_id)
-                except LeaseUnavailable:  # someone took it between the read and the acquire
-                    await asyncio.sleep(0.05)
+        try:
+            for _ in range(MAX_PLAN_ROUNDS):
+                decision = planner.plan(demand, await self.snapshot(owner.model_id))
+                if isinstance(decision, Fit):
+                    if decision.placement is None:
+                        return None, None
+                    try:
+                        lease = await self.boss.acquire(
+                            kind="inference", allocations=decision.placement.allocations,
+                            priority=priority, note=owner.model_id)
+                    except LeaseUnavailable:  # taken between the read and the acquire
+                        await asyncio.sleep(0.05)
+                        continue
+                    return lease, decision.placement
+                if isinstance(decision, Evict):
+                    # claim the room first, so no other load takes what this one frees
+                    self._claims[owner.model_id] = dict(decision.placement.allocations)
+                    victim = self.owners[decision.victims[0]]
+                    if await victim.evict(f"room for {owner.model_id}"):
+                        await asyncio.sleep(self.settings.reclaim_sleep_s)  # driver reclaims
+                    else:
+                        await asyncio.sleep(0.05)  # it just became busy: re-plan
                     continue
-                return lease, decision.placement
-            if isinstance(decision, Evict):
-                victim = self.owners[decision.victims[0]]
-                if await victim.evict(f"room for {owner.model_id}"):
-                    await asyncio.sleep(self.settings.reclaim_sleep_s)  # the driver reclaims
-                else:
-                    await asyncio.sleep(0.05)  # it just became busy: re-plan
-                continue
-            retry = decision.retry_after_s if isinstance(decision, Wait) else 30
-            raise CapacityExceeded(f"no room for '{owner.model_id}' ({demand.need_mb} MB): "
-                                   f"{decision.reason}", retry_after_s=retry)
-        raise CapacityExceeded(f"no room for '{owner.model_id}' after {MAX_PLAN_ROUNDS} "
-                               f"plans; others keep taking the VRAM", retry_after_s=5)
+                retry = decision.retry_after_s if isinstance(decision, Wait) else 30
+                raise CapacityExceeded(f"no room for '{owner.model_id}' ({demand.need_mb} MB)"
+                                       f": {decision.reason}", retry_after_s=retry)
+            raise CapacityExceeded(f"no room for '{owner.model_id}' after {MAX_PLAN_ROUNDS} "
+                                   f"plans; others keep taking the VRAM", retry_after_s=5)
+        finally:
+            self._claims.pop(owner.model_id, None)
 
     # -- asking the owners ----------------------------------------------------------------
 

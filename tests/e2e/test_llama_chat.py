@@ -160,8 +160,9 @@ def test_worker_killed_while_idle_is_reloaded(client, server):
     pid = _ready_pid(server)
     loads = server.status()["slots"][0]["loads"]
     os.kill(pid, signal.SIGKILL)
-    slot = wait_for(lambda: next(s for s in server.status()["slots"]
-                                 if s["model"] == "smol" and s["state"] == "idle"), timeout=10)
+    slot = wait_for(lambda: next((s for s in server.status()["slots"]
+                                  if s["model"] == "smol" and s["state"] == "idle"), None),
+                    timeout=10)
     assert "exited unexpectedly" in slot["last_error"]
     assert server.status()["gpus"][0]["leased_mb"] == 0
     reply = client.chat.completions.create(model="smol", max_tokens=4,

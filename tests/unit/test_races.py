@@ -1,0 +1,236 @@
+"""Races between requests and slot lifecycle, driven step by step through gated backends.
+
+Each test holds one backend step open, makes the competing move while it is held, and checks
+the promise: a request is granted only on a READY slot whose worker is alive and whose lease
+is in the lease store; no two leases share VRAM; one load per model at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model_boss.errors import CapacityExceeded, LoadFailed
+from model_boss.inference import QueuedRequest, SlotState
+
+from .fakes import manifest
+from .gated import gated_coordinator, steps
+
+S = SlotState
+
+
+async def acquire(coord, model: str, priority: int = 5):
+    ticket = await coord.queue.acquire(QueuedRequest(model_id=model, priority=priority))
+    await assert_granted_honestly(coord, ticket)
+    return ticket
+
+
+async def assert_granted_honestly(coord, ticket) -> None:
+    slot = ticket.slot
+    assert slot.state == S.READY, f"granted on a {slot.state} slot"
+    assert slot.backend is not None and slot.backend.alive, "granted on a dead worker"
+    held = {lease.id for lease in await coord.boss.leases()}
+    assert slot.lease is not None and slot.lease.id in held, "granted without a held lease"
+
+
+async def assert_no_overlap(coord) -> None:
+    for usage in await coord.boss.usage():
+        assert usage.leased_mb <= usage.capacity_mb
+
+
+@pytest.fixture
+async def two_models(tmp_path):
+    """A GPU that holds one of two 3000 MB models; "p" can be parked in CPU RAM."""
+    coord, gates, log = gated_coordinator(tmp_path, [manifest("p"), manifest("q")],
+                                          offloadable={"p"})
+    await coord.start()
+    yield coord, gates, log
+    await coord.stop()
+
+
+async def test_offload_vs_grant(two_models):
+    coord, gates, log = two_models
+    (await acquire(coord, "p")).release()
+    slot = coord.pool.slots["p"]
+    gates.hold("offload")
+    offload = asyncio.create_task(coord.pool.offload("p"))
+    await gates.reached("offload")
+    assert slot.state == S.OFFLOADING  # set before the first await: no grant from here on
+    request = asyncio.create_task(acquire(coord, "p"))
+    await asyncio.sleep(0.05)
+    assert not request.done() and slot.active == 0
+    gates.open("offload")
+    assert await offload
+    ticket = await asyncio.wait_for(request, 2)  # onloaded into the same worker, leased again
+    assert steps(log, "onload", "p") == 1 and steps(log, "start", "p") == 1
+    ticket.release()
+    await assert_no_overlap(coord)
+
+
+async def test_eviction_offload_vs_grant(two_models):
+    """The eviction path: q needs p's VRAM, p goes to CPU RAM while a request for p comes."""
+    coord, gates, log = two_models
+    (await acquire(coord, "p")).release()
+    gates.hold("offload")
+    for_q = asyncio.create_task(acquire(coord, "q"))
+    await gates.reached("offload")
+    assert coord.pool.slots["p"].state == S.OFFLOADING
+    for_p = asyncio.create_task(acquire(coord, "p"))
+    await asyncio.sleep(0.05)
+    assert not for_p.done()
+    gates.open("offload")
+    ticket_q = await asyncio.wait_for(for_q, 2)
+    assert coord.pool.slots["p"].state == S.OFFLOADED and coord.pool.slots["p"].lease is None
+    await asyncio.sleep(0.05)
+    assert not for_p.done()  # q is busy: p waits rather than share its VRAM
+    ticket_q.release()
+    ticket_p = await asyncio.wait_for(for_p, 2)
+    assert coord.pool.slots["q"].state == S.IDLE
+    ticket_p.release()
+    await assert_no_overlap(coord)
+
+
+async def test_admin_load_joins_request_load(two_models):
+    coord, gates, log = two_models
+    gates.hold("start")
+    request = asyncio.create_task(acquire(coord, "q"))
+    await gates.reached("start")
+    admin = asyncio.create_task(coord.pool.ensure_ready("q", 5))
+    await asyncio.sleep(0.05)
+    assert not admin.done()  # it waits for the same load instead of failing
+    gates.open("start")
+    slot = await asyncio.wait_for(admin, 2)
+    ticket = await asyncio.wait_for(request, 2)
+    assert slot.state == S.READY and ticket.slot is slot
+    assert steps(log, "start", "q") == 1
+    ticket.release()
+
+
+async def test_request_load_joins_admin_load(two_models):
+    coord, gates, log = two_models
+    gates.hold("start")
+    admin = asyncio.create_task(coord.pool.ensure_ready("q", 5))
+    await gates.reached("start")
+    request = asyncio.create_task(acquire(coord, "q"))
+    again = asyncio.create_task(coord.pool.ensure_ready("q", 1))
+    await asyncio.sleep(0.05)
+    gates.open("start")
+    await asyncio.wait_for(asyncio.gather(admin, again), 2)
+    (await asyncio.wait_for(request, 2)).release()
+    assert steps(log, "start", "q") == 1
+
+
+async def test_dead_worker_is_never_granted(two_models):
+    coord, gates, log = two_models
+    (await acquire(coord, "p")).release()
+    old = coord.pool.slots["p"].backend
+    old.die()  # SIGKILLed; the exit watcher has not run yet
+    ticket = await asyncio.wait_for(acquire(coord, "p"), 2)
+    assert ticket.slot.backend is not old and steps(log, "start", "p") == 2
+    ticket.release()
+    assert len(await coord.boss.leases()) == 1
+
+
+async def test_crash_reported_while_granted_request_runs(two_models):
+    coord, gates, log = two_models
+    ticket = await acquire(coord, "p")
+    backend = ticket.slot.backend
+    backend.die()
+    backend.on_exit(-9)
+    assert ticket.slot.state == S.IDLE  # synchronously, before any other grant
+    await asyncio.sleep(0.05)
+    assert await coord.boss.leases() == []
+    ticket.release()
+    (await asyncio.wait_for(acquire(coord, "p"), 2)).release()
+
+
+async def test_lease_loss_vs_grant(two_models):
+    coord, gates, log = two_models
+    (await acquire(coord, "q")).release()
+    slot = coord.pool.slots["q"]
+    lost = slot.lease
+    await coord.boss.store.release(lost.id)  # the store forgot it (say, Redis restarted)
+    coord.pool.lease_lost(lost, "gone after a store restart")
+    assert slot.state != S.READY  # out of READY before anything else can run
+    ticket = await asyncio.wait_for(acquire(coord, "q"), 2)
+    assert ticket.slot.lease.id != lost.id and steps(log, "start", "q") == 2
+    ticket.release()
+    await assert_no_overlap(coord)
+
+
+async def test_lease_lost_while_loading_fails_the_load(two_models):
+    coord, gates, log = two_models
+    gates.hold("start")
+    load = asyncio.create_task(coord.pool.ensure_ready("q", 5))
+    await gates.reached("start")
+    slot = coord.pool.slots["q"]
+    coord.pool.lease_lost(slot.lease, "taken")
+    gates.open("start")
+    with pytest.raises(LoadFailed, match="lost its VRAM lease"):
+        await asyncio.wait_for(load, 2)
+    assert slot.state == S.IDLE and slot.backend is None
+    assert await coord.boss.leases() == []
+
+
+async def test_unload_waits_for_a_running_stream(two_models):
+    coord, gates, log = two_models
+    streaming = await acquire(coord, "q")
+    slot = streaming.slot
+    unload = asyncio.create_task(coord.pool.unload("q", wait_s=5))
+    await asyncio.sleep(0.05)
+    assert slot.state == S.DRAINING and not unload.done()
+    newcomer = asyncio.create_task(acquire(coord, "q"))
+    await asyncio.sleep(0.05)
+    assert not newcomer.done() and slot.active == 1  # no grant on a draining slot
+    streaming.release()
+    assert await asyncio.wait_for(unload, 2)
+    ticket = await asyncio.wait_for(newcomer, 2)  # it reloads after the unload
+    assert steps(log, "start", "q") == 2 and steps(log, "stop", "q") == 1
+    ticket.release()
+
+
+async def test_unload_gives_up_on_a_busy_slot(two_models):
+    coord, gates, log = two_models
+    streaming = await acquire(coord, "q")
+    with pytest.raises(CapacityExceeded) as busy:
+        await coord.pool.unload("q")
+    assert busy.value.status_code == 409
+    with pytest.raises(CapacityExceeded):
+        await coord.pool.unload("q", wait_s=0.05)
+    assert streaming.slot.state == S.READY  # back to serving after giving up
+    streaming.release()
+    (await asyncio.wait_for(acquire(coord, "q"), 2)).release()
+
+
+async def test_unload_during_load_waits_for_it(two_models):
+    coord, gates, log = two_models
+    gates.hold("start")
+    load = asyncio.create_task(coord.pool.ensure_ready("q", 5))
+    await gates.reached("start")
+    unload = asyncio.create_task(coord.pool.unload("q"))
+    await asyncio.sleep(0.05)
+    assert not unload.done()
+    gates.open("start")
+    await load
+    assert await asyncio.wait_for(unload, 2)
+    assert coord.pool.slots["q"].state == S.IDLE and await coord.boss.leases() == []
+
+
+async def test_two_loads_never_share_vram(tmp_path):
+    """Both models fit only one at a time; both are asked for at once."""
+    coord, gates, log = gated_coordinator(tmp_path, [manifest("p"), manifest("q")])
+    await coord.start()
+    try:
+        gates.hold("start")
+        first = asyncio.create_task(coord.pool.ensure_ready("p", 5))
+        second = asyncio.create_task(coord.pool.ensure_ready("q", 5))
+        await gates.reached("start")
+        await asyncio.sleep(0.05)
+        assert len(await coord.boss.leases()) == 1  # the second waits for room
+        gates.open("start")
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        await assert_no_overlap(coord)
+        assert any(not isinstance(r, BaseException) for r in results)
+    finally:
+        await coord.stop()
