@@ -19,12 +19,12 @@ from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
 from ..gpu.placement import LayerCosts, Placement
 from ..settings import Settings
+from . import planner
 from .backend import InferenceBackend
 from .cpu_tier import CpuTier
 from .eviction import SlotView
 from .learned import LearnedStats
 from .owner import SlotOwner
-from . import planner
 from .planner import Demand, Evict, Fit, Plan, Snapshot, Wait
 from .slot import ModelSlot
 
