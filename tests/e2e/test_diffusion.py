@@ -163,7 +163,7 @@ def test_without_ram_budget_the_offloaded_slot_is_stopped(make_server, tiny_sd, 
 def test_worker_exits_on_sigterm_and_with_its_parent(tiny_sd):
     port = free_port()
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers_worker", "--model",
+    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
                                str(tiny_sd), "--port", str(port), "--parent-pid",
                                str(parent.pid)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -175,7 +175,7 @@ def test_worker_exits_on_sigterm_and_with_its_parent(tiny_sd):
     finally:
         worker.kill()
         parent.kill()
-    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers_worker", "--model",
+    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
                                str(tiny_sd), "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

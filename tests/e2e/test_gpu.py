@@ -20,7 +20,7 @@ def cuda_worker(tmp_path_factory):
     path = build_tiny_sd_pipeline(tmp_path_factory.mktemp("gpu") / "sd", width=256)
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.diffusers_worker", "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
                              str(path), "--port", str(port), "--device", "cuda"])
     url = f"http://127.0.0.1:{port}"
 

@@ -1,4 +1,4 @@
-"""DiffusersBackend: ``workers/diffusers_worker.py`` — text-to-image with a CPU-RAM tier."""
+"""DiffusersBackend: ``python -m workers.diffusers`` — text-to-image with a CPU-RAM tier."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class DiffusersBackend(HttpWorkerBackend):
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         m = self.manifest
-        argv = [sys.executable, "-m", "workers.diffusers_worker", "--model", str(self.entry.path),
+        argv = [sys.executable, "-m", "workers.diffusers", "--model", str(self.entry.path),
                 "--host", "127.0.0.1", "--port", str(port), "--device", "auto",
                 "--dtype", m.dtype, "--offload", m.offload,
                 "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",

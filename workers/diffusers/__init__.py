@@ -1,0 +1,46 @@
+"""The diffusers worker: one text-to-image pipeline behind a small HTTP API.
+
+Run as ``python -m workers.diffusers --model DIR --port N ...`` (flags in ``options``). The
+pipeline loads in a background thread, so ``GET /health`` answers at once: 503 while loading or
+after a failed load (with the error), 200 once loaded. ``POST /generate`` makes images while the
+weights are on the device; ``POST /offload`` parks them in CPU RAM and ``POST /onload`` brings
+them back, so the coordinator frees VRAM without a cold load from disk; a parked pipeline
+refuses to generate (409 ``pipeline_offloaded``). ``POST /cancel`` stops a generation by request
+id (or every admitted one). ``POST /shutdown`` and SIGTERM stop the worker; it also dies with
+its parent (PR_SET_PDEATHSIG and ``--parent-pid``).
+
+Modules: ``app`` (routes), ``pipeline`` (the holder and its states), ``generation`` (one
+generation), ``tickets`` (admission and cancellation), ``loader`` (from_pretrained),
+``memory`` (offload strategies, the VAE policy, memory probes), ``options`` (the command
+line), ``process`` (lifetime), ``errors``, ``schemas``.
+"""
+
+from __future__ import annotations
+
+from .app import create_app
+from .errors import WorkerError
+from .generation import Generator
+from .loader import LoadedPipeline, load_pipeline
+from .options import WorkerOptions, parse_args
+from .pipeline import TRANSITIONS, PipelineHolder, PipelineState, check_transition
+from .schemas import CancelRequest, GenerateRequest
+from .tickets import CancelOutcome, Ticket, TicketBook
+
+__all__ = [
+    "TRANSITIONS",
+    "CancelOutcome",
+    "CancelRequest",
+    "GenerateRequest",
+    "Generator",
+    "LoadedPipeline",
+    "PipelineHolder",
+    "PipelineState",
+    "Ticket",
+    "TicketBook",
+    "WorkerError",
+    "WorkerOptions",
+    "check_transition",
+    "create_app",
+    "load_pipeline",
+    "parse_args",
+]

@@ -1,0 +1,29 @@
+"""``python -m workers.diffusers --model DIR --port N ...``: see ``options`` for the flags."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .app import create_app
+from .generation import Generator
+from .loader import load_pipeline
+from .options import parse_args
+from .pipeline import PipelineHolder
+from .process import die_with_parent, serve
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parent-death safety first, then serve until SIGTERM or ``POST /shutdown``."""
+    options = parse_args(argv)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    die_with_parent(options.parent_pid)
+    holder = PipelineHolder(options)
+    generator = Generator(holder)
+    serve(lambda stop: create_app(holder, generator, lambda: load_pipeline(options), stop),
+          options.host, options.port, on_exit=generator.cancel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The worker's HTTP surface: routes only. Typed ``WorkerError``s become OpenAI error bodies.
+
+    GET  /health    200 once loaded (also while parked in RAM), 503 while loading or failed
+    GET  /progress  the running (or last) generation's denoising steps
+    POST /generate  admitted only while the pipeline is READY (409 pipeline_offloaded when
+                    parked or moving, 503 not_ready while loading or failed)
+    POST /cancel    {"request_id"} or no body (every admitted generation)
+    POST /offload   weights to CPU RAM (409 busy while a generation is admitted)
+    POST /onload    weights back to the device
+    POST /shutdown  cancel what runs, then stop the server
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from .errors import InvalidRequest, WorkerError, envelope
+from .generation import Generator
+from .loader import LoadedPipeline
+from .pipeline import LOADED, PipelineHolder
+from .schemas import CancelRequest, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+def create_app(holder: PipelineHolder, generator: Generator,
+               load: Callable[[], LoadedPipeline],
+               shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The app; ``load`` runs in the background from startup, ``shutdown`` is called by
+    ``POST /shutdown``."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        holder.start_loading(load)
+        yield
+        generator.cancel()
+
+    app = FastAPI(title="diffusers worker", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        param = ".".join(p for p in first["loc"][1:] if isinstance(p, str)) or None
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        return _error(InvalidRequest(message, param=param))
+
+    @app.exception_handler(WorkerError)
+    async def _worker_error(_request: Request, exc: WorkerError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return JSONResponse(envelope(500, f"{type(exc).__name__}: {exc}"[:500],
+                                     code="server_error"), status_code=500)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = {**holder.report(), "progress": generator.progress()}
+        return JSONResponse(body, status_code=200 if holder.state in LOADED else 503)
+
+    @app.get("/progress")
+    async def progress() -> dict[str, Any]:
+        return generator.progress()
+
+    @app.post("/generate")
+    async def generate(req: GenerateRequest) -> dict[str, Any]:
+        return await generator.generate(req)
+
+    @app.post("/cancel")
+    async def cancel(req: CancelRequest | None = None) -> dict[str, Any]:
+        return generator.cancel(req.request_id if req else None)
+
+    @app.post("/offload")
+    async def offload() -> dict[str, Any]:
+        return await holder.offload()
+
+    @app.post("/onload")
+    async def onload() -> dict[str, Any]:
+        return await holder.onload()
+
+    @app.post("/shutdown")
+    async def shutdown_now() -> dict[str, Any]:
+        generator.cancel()
+        if shutdown is not None:
+            shutdown()
+        return {"stopping": True}
+
+    return app
+
+
+def _error(exc: WorkerError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)

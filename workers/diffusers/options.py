@@ -1,0 +1,70 @@
+"""The worker's command line, parsed and validated into ``WorkerOptions``.
+
+    python -m workers.diffusers --model DIR --port N [--host 127.0.0.1]
+        [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
+        [--offload none|model|sequential|group|balanced] [--max-memory JSON]
+        [--vae-mb-per-512px 1600] [--allow-cpu-vae|--no-allow-cpu-vae]
+        [--vram-margin-mb 512] [--parent-pid PID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from .memory import Offload
+
+PROG = "python -m workers.diffusers"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """The command line, validated."""
+
+    model: str
+    port: int
+    host: str = "127.0.0.1"
+    device: str = "auto"
+    dtype: str = "auto"
+    offload: Offload = Offload.NONE
+    max_memory: dict[int | str, str] | None = None
+    vae_mb_per_512px: float = 1600.0
+    allow_cpu_vae: bool = True
+    vram_margin_mb: int = 512
+    parent_pid: int | None = None
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerOptions:
+    """Parse and validate the command line into ``WorkerOptions``."""
+    parser = argparse.ArgumentParser(prog=PROG)
+    parser.add_argument("--model", required=True, help="a diffusers pipeline directory")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--dtype", choices=["auto", "float16", "bfloat16", "float32"],
+                        default="auto")
+    parser.add_argument("--offload", choices=[o.value for o in Offload], default="none")
+    parser.add_argument("--max-memory", default=None,
+                        help='JSON for device_map="balanced", e.g. {"0": "10GiB", "cpu": "30GiB"}')
+    parser.add_argument("--vae-mb-per-512px", type=float, default=1600.0)
+    parser.add_argument("--allow-cpu-vae", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--vram-margin-mb", type=int, default=512)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    max_memory = None
+    if args.max_memory:
+        try:
+            raw = json.loads(args.max_memory)
+            if not isinstance(raw, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            parser.error(f"--max-memory must be a JSON object: {exc}")
+        max_memory = {int(k) if str(k).isdigit() else k: str(v) for k, v in raw.items()}
+    if args.vae_mb_per_512px <= 0:
+        parser.error("--vae-mb-per-512px must be positive")
+    return WorkerOptions(
+        model=args.model, port=args.port, host=args.host, device=args.device,
+        dtype=args.dtype, offload=Offload(args.offload), max_memory=max_memory,
+        vae_mb_per_512px=args.vae_mb_per_512px, allow_cpu_vae=args.allow_cpu_vae,
+        vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid)

@@ -1,0 +1,80 @@
+"""The worker process's lifetime: die with the coordinator, serve until told to stop."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+from fastapi import FastAPI
+
+log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Exit when the coordinator goes: PR_SET_PDEATHSIG on Linux, and a 2 s watch on
+    ``parent_pid`` (gone, a zombie, or its pid reused by another process)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            log.warning("prctl(PR_SET_PDEATHSIG) unavailable; relying on --parent-pid")
+    if not parent_pid:
+        return
+    try:
+        created = psutil.Process(parent_pid).create_time()
+    except psutil.Error:
+        log.error("parent %s is already gone; exiting", parent_pid)
+        os._exit(0)
+
+    def parent_alive() -> bool:
+        try:
+            parent = psutil.Process(parent_pid)
+            return parent.create_time() == created and parent.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.Error:
+            return True  # cannot tell (permissions): keep serving
+
+    def watch() -> None:
+        while parent_alive():
+            time.sleep(2)
+        log.warning("parent %s is gone; exiting", parent_pid)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def serve(app_factory: Callable[[Callable[[], None]], FastAPI], host: str, port: int,
+          on_exit: Callable[[], Any]) -> None:
+    """Run uvicorn until SIGTERM / SIGINT or ``stop()``; ``on_exit`` runs first on a signal
+    (it cancels the admitted generations, so the graceful shutdown does not wait for them)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        # uvicorn re-raises a caught SIGTERM after its graceful shutdown (exit status -15);
+        # a worker told to stop that stopped cleanly exits 0 instead
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
+
+    server: Server | None = None
+
+    def stop() -> None:
+        assert server is not None
+        server.should_exit = True
+
+    config = uvicorn.Config(app_factory(stop), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=10)
+    server = Server(config)
+    server.run()

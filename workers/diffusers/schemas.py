@@ -1,0 +1,49 @@
+"""Request bodies of the worker's HTTP API, validated by pydantic."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# ids the coordinator (or any caller) picks to name a generation, e.g. its own request id
+RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class GenerateRequest(BaseModel):
+    """The body of ``POST /generate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=32000)
+    negative_prompt: str | None = None
+    width: int = Field(default=512, ge=64, le=4096)
+    height: int = Field(default=512, ge=64, le=4096)
+    steps: int = Field(default=20, ge=1, le=200)
+    guidance: float = Field(default=7.0, ge=0, le=50)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    n: int = Field(default=1, ge=1, le=10)  # the OpenAI images API allows 1..10
+    request_id: RequestId | None = None  # names this generation for POST /cancel
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("width", "height")
+    @classmethod
+    def _multiple_of_8(cls, value: int) -> int:
+        if value % 8:
+            raise ValueError("must be a multiple of 8")
+        return value
+
+
+class CancelRequest(BaseModel):
+    """The optional body of ``POST /cancel``: no ``request_id`` cancels every admitted
+    generation (what the coordinator's backend sends: it runs one at a time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: RequestId | None = None
