@@ -1,0 +1,141 @@
+"""The promise under load, on real workers: checked on every snapshot a watcher takes.
+
+Several clients send chats and image requests for three models (two llama.cpp, one diffusers
+pipeline that can be parked in CPU RAM) to a declared GPU that holds one of them, with a tight
+keep-alive and a CPU tier that holds little. A watcher polls ``/api/v1/status`` (slots and the
+lease table, taken with no await between them) as fast as it can and records a violation when
+a slot serves a request without a held lease, runs one in a state other than READY/DRAINING,
+holds a lease the store does not know, or when leases add up to more than the GPU.
+
+The default run lasts 60 s (part of the test command); set ``MODEL_BOSS_STRESS_S=600`` for the
+long run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import llama_manifest, wait_for
+from tests.diffusion_fixtures import build_tiny_sd_pipeline
+
+pytestmark = pytest.mark.slow
+
+DURATION_S = float(os.environ.get("MODEL_BOSS_STRESS_S", "60"))
+GPU_MB = 4096
+MARGIN_MB = 512
+SERVING_STATES = ("ready", "draining")
+
+
+def violations_in(status: dict) -> list[str]:
+    """Everything in one status snapshot that breaks the promise."""
+    found = []
+    held = {lease["id"]: lease for lease in status["leases"]}
+    owners: dict[str, str] = {}
+    for slot in status["slots"]:
+        model, state, lease = slot["model"], slot["state"], slot["lease"]
+        if slot["active_requests"] and state not in SERVING_STATES:
+            found.append(f"{model}: {slot['active_requests']} request(s) running while {state}")
+        if state in SERVING_STATES and slot["backend"] != "cloud":
+            if lease is None or lease["id"] not in held:
+                found.append(f"{model}: {state} without a held lease")
+        if state in ("offloaded", "idle") and lease is not None:
+            found.append(f"{model}: {state} but still names lease {lease['id']}")
+        if lease is not None:
+            if lease["id"] in owners:
+                found.append(f"{model} and {owners[lease['id']]} share lease {lease['id']}")
+            owners[lease["id"]] = model
+    for gpu in status["gpus"]:
+        if gpu["leased_mb"] > gpu["capacity_mb"] - MARGIN_MB:
+            found.append(f"GPU {gpu['index']}: {gpu['leased_mb']} MB leased, over capacity")
+    return found
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
+
+
+def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
+    server = make_server(
+        {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": GPU_MB}], "vram_margin_mb": MARGIN_MB,
+         "reaper_interval_s": 0.5, "max_offloaded_mb": 64, "max_queue_wait_s": 120},
+        [llama_manifest("a", demo_gguf, vram_mb=3000),
+         llama_manifest("b", demo_gguf, vram_mb=3000),
+         {"id": "d", "category": "diffusion", "backend": "diffusers", "path": str(tiny_sd),
+          "vram_mb": 3000}])
+    deadline = time.monotonic() + DURATION_S
+    outcomes: dict[str, int] = {}
+    bad: list[str] = []
+    snapshots = 0
+
+    def body(rng: random.Random) -> tuple[str, dict]:
+        model = rng.choice("aabd")
+        common = {"x_priority": rng.choice([0, 5, 9]), "x_keep_alive_s": rng.choice([0, 1, 2])}
+        if model == "d":
+            return "/v1/images/generations", {"model": "d", "prompt": "a dot", "size": "64x64",
+                                              "x_steps": 1, **common}
+        return "/v1/chat/completions", {"model": model, "max_tokens": 4,
+                                        "stream": rng.random() < 0.5,
+                                        "messages": [{"role": "user", "content": "hi"}],
+                                        **common}
+
+    async def client_loop(client: httpx.AsyncClient, seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            path, payload = body(rng)
+            try:
+                if payload.get("stream"):
+                    async with client.stream("POST", path, json=payload) as response:
+                        text = "".join([line async for line in response.aiter_lines()])
+                        ok = response.status_code == 200 and "[DONE]" in text \
+                            and '"error"' not in text
+                        status = response.status_code if ok else f"{response.status_code}!"
+                else:
+                    response = await client.post(path, json=payload)
+                    status = response.status_code
+                    if status >= 500 and status != 503 or status == 400:
+                        bad.append(f"{path} {payload['model']}: {status} {response.text[:200]}")
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            outcomes[str(status)] = outcomes.get(str(status), 0) + 1
+
+    async def watcher(client: httpx.AsyncClient) -> None:
+        nonlocal snapshots
+        while time.monotonic() < deadline:
+            status = (await client.get("/api/v1/status")).json()
+            snapshots += 1
+            for problem in violations_in(status):
+                bad.append(f"snapshot {snapshots}: {problem}")
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(base_url=server.url, timeout=180, limits=limits) as client:
+            await asyncio.gather(watcher(client), *[client_loop(client, seed)
+                                                    for seed in range(6)])
+
+    asyncio.run(main())
+    assert not bad, f"{len(bad)} violation(s) in {snapshots} snapshots: {bad[:10]}"
+    assert snapshots > DURATION_S * 5, snapshots
+    assert outcomes.get("200", 0) >= 20, outcomes
+    served = sum(n for key, n in outcomes.items() if key == "200")
+    assert served / sum(outcomes.values()) > 0.8, outcomes
+
+    def settled() -> bool:
+        status = server.status()
+        return (status["queue"]["depth"] == 0
+                and all(s["active_requests"] == 0 for s in status["slots"]))
+
+    wait_for(settled, timeout=60)
+    status = server.status()
+    assert not violations_in(status)
+    loads = {s["model"]: s["loads"] for s in status["slots"]}
+    assert sum(loads.values()) >= 6, loads  # the models really took turns
+    print(f"\nstress: {DURATION_S:.0f}s, {snapshots} snapshots, outcomes {outcomes}, "
+          f"loads {loads}")
