@@ -207,7 +207,9 @@ class SlotOwner:
 
     def _op_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.info("%s of %s failed: %s", self._op_kind, self.model_id, task.exception())
+            exc = task.exception()  # no room yet is routine: the waiters stay queued
+            log.log(logging.DEBUG if isinstance(exc, CapacityExceeded) else logging.INFO,
+                    "%s of %s failed: %s", self._op_kind, self.model_id, exc)
         self.pool.on_change()
 
     async def _load(self, priority: int) -> None:

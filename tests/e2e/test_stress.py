@@ -123,7 +123,9 @@ def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
     asyncio.run(main())
     assert not bad, f"{len(bad)} violation(s) in {snapshots} snapshots: {bad[:10]}"
     assert snapshots > DURATION_S * 5, snapshots
-    assert outcomes.get("200", 0) >= 20, outcomes
+    # nearly every request needs a load (three models, one GPU, keep-alive 0-2 s): a handful
+    # per second at most, diffusers cold loads taking seconds each
+    assert outcomes.get("200", 0) >= DURATION_S / 6, outcomes
     served = sum(n for key, n in outcomes.items() if key == "200")
     assert served / sum(outcomes.values()) > 0.8, outcomes
 
