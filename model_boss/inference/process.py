@@ -1,9 +1,16 @@
 """WorkerProcess: a child process in its own process group that dies with the coordinator.
 
 Every worker the coordinator spawns goes through here: own session (so a stop reaches its
-children), ``PR_SET_PDEATHSIG`` (so a SIGKILLed coordinator takes its workers along), a pid file
-in ``state_dir/workers`` (so the next start reaps anything that still escaped), the tail of its
-output kept for error messages, and an exit watcher that reports unexpected deaths at once.
+children), ``PR_SET_PDEATHSIG`` (so a SIGKILLed coordinator takes the worker's leader along), a
+pid file in ``state_dir/workers`` naming the worker's process group and its leader's start time
+(so the next start reaps the whole group, grandchildren whose leader already died included), the
+tail of its output kept for error messages, and an exit watcher that reports unexpected deaths
+at once and kills whatever the dead leader left in its group.
+
+The leader is the worker: when it exits, the rest of its process group goes too. A worker's
+group is every live process whose process group or session is the leader's pid and that started
+no earlier than the leader (less a second of clock slack), so a pid number reused since is left
+alone; our own process, group and session are never touched.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +33,9 @@ import psutil
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_CLOCK_SLACK_S = 1.0  # start times from /proc and from the pid file may differ this much
+_POLL_S = 0.05
+_KILL_WAIT_S = 5.0
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -49,6 +60,7 @@ class WorkerProcess:
         self.log_file = log_file
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._proc: asyncio.subprocess.Process | None = None
+        self._started_at = 0.0  # the leader's create_time: the group's lower age bound
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._stopping = False
@@ -57,6 +69,11 @@ class WorkerProcess:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+    @property
+    def pgid(self) -> int | None:
+        """The worker's process group: its own session, so the leader's pid."""
+        return self.pid
 
     @property
     def returncode(self) -> int | None:
@@ -74,6 +91,7 @@ class WorkerProcess:
         return lines[-1] if lines else ""
 
     async def start(self) -> None:
+        spawned_at = time.time()
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -83,6 +101,10 @@ class WorkerProcess:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
+        try:
+            self._started_at = psutil.Process(self._proc.pid).create_time()
+        except psutil.Error:  # already gone and reaped: the spawn time bounds it as well
+            self._started_at = spawned_at
         self._write_pid_file()
         self._reader = asyncio.create_task(self._read_output(), name=f"{self.name}-output")
         self._watcher = asyncio.create_task(self._watch_exit(), name=f"{self.name}-exit")
@@ -107,9 +129,35 @@ class WorkerProcess:
             if sink:
                 sink.close()
 
-    async def _watch_exit(self) -> None:
+    async def _leader_exit(self) -> int:
+        """The leader's exit status once it has exited.
+
+        Not ``Process.wait()``: before Python 3.12 it also waits for the output pipe to close,
+        which a grandchild still holding it delays for as long as that grandchild lives.
+        """
         assert self._proc
-        code = await self._proc.wait()
+        while self._proc.returncode is None:  # noqa: ASYNC110 (the child watcher sets it)
+            await asyncio.sleep(_POLL_S)
+        return self._proc.returncode
+
+    async def _kill_group(self) -> list[int]:
+        """SIGKILL what is left of the group and wait until it is gone (what it held, VRAM
+        included, is free once this returns), a few seconds at most."""
+        assert self.pgid is not None
+        killed = await asyncio.to_thread(kill_group, self.pgid, self._started_at)
+        if killed and not await self._group_gone(_KILL_WAIT_S):
+            log.warning("worker %s: %s still there %.0fs after SIGKILL", self.name, killed,
+                        _KILL_WAIT_S)
+        return killed
+
+    async def _watch_exit(self) -> None:
+        code = await self._leader_exit()
+        if self._stopping:
+            return  # stop() owns the rest of the group and the pid file
+        left = await self._kill_group()
+        if left:
+            log.warning("worker %s: killed %d processes its leader left behind: %s",
+                        self.name, len(left), left)
         if self._reader:  # let the last lines arrive before anyone reads the tail
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
@@ -124,36 +172,46 @@ class WorkerProcess:
                     log.exception("exit handler for %s failed", self.name)
 
     async def wait_exit(self, timeout_s: float) -> int | None:
-        """The exit status if the process ends within ``timeout_s``, else None."""
+        """The leader's exit status if it ends within ``timeout_s``, else None."""
         if self._proc is None:
             return None
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._proc.wait()
+                return await self._leader_exit()
         except TimeoutError:
             return None
 
+    async def _group_gone(self, timeout_s: float) -> bool:
+        """Whether the leader and everything in its group exit within ``timeout_s``."""
+        assert self.pgid is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.running and not await asyncio.to_thread(
+                    group_members, self.pgid, self._started_at):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_S if self.running else 0.1)
+
     async def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL after ``grace_s``; returns the exit code."""
+        """SIGTERM the process group, SIGKILL what is left of it after ``grace_s`` (children
+        that outlive the leader included); returns the leader's exit code."""
         self._stopping = True
-        proc = self._proc
-        if proc is None:
+        if self._proc is None or self.pgid is None:
             return None
-        if proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), grace_s)
-            except TimeoutError:
+        if self.running or await asyncio.to_thread(group_members, self.pgid,
+                                                   self._started_at):
+            _signal_group(self.pgid, signal.SIGTERM)
+            if not await self._group_gone(grace_s):
                 log.warning("worker %s ignored SIGTERM for %.1fs; killing", self.name, grace_s)
-                _signal_group(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        _signal_group(proc.pid, signal.SIGKILL)  # anything left in its group
+        await self._kill_group()  # anything left in its group
+        code = await self._leader_exit()
         for task in (self._watcher, self._reader):
             if task:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(task, 2.0)
         self._remove_pid_file()
-        return proc.returncode
+        return code
 
     # -- pid files ------------------------------------------------------------------------
 
@@ -166,11 +224,10 @@ class WorkerProcess:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            created = psutil.Process(self.pid).create_time()
-            path.write_text(json.dumps({"pid": self.pid, "name": self.name,
-                                        "create_time": created, "argv": self.argv,
+            path.write_text(json.dumps({"pid": self.pid, "pgid": self.pgid, "name": self.name,
+                                        "create_time": self._started_at, "argv": self.argv,
                                         "parent": os.getpid()}))
-        except (OSError, psutil.Error) as exc:
+        except OSError as exc:
             log.warning("could not write pid file for %s: %s", self.name, exc)
 
     def _remove_pid_file(self) -> None:
@@ -180,32 +237,92 @@ class WorkerProcess:
                 path.unlink()
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+        os.killpg(pgid, sig)
+
+
+def _ours(pgid: int) -> bool:
+    return pgid <= 1 or pgid in (os.getpid(), os.getpgrp(), os.getsid(0))
+
+
+def _scan_group(pgid: int, since: float) -> tuple[list[psutil.Process], bool]:
+    """Live processes in group or session ``pgid`` started at or after ``since`` (less the
+    slack), and whether that group also holds an older process (a reused number)."""
+    members: list[psutil.Process] = []
+    older = False
+    own = os.getpid()
+    for pid in psutil.pids():
+        if pid == own:
+            continue
+        try:
+            if pgid not in (os.getpgid(pid), os.getsid(pid)):
+                continue
+            proc = psutil.Process(pid)
+            if proc.create_time() < since - _CLOCK_SLACK_S:
+                older = True
+            elif proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (OSError, psutil.Error):  # gone while we looked
+            continue
+    return members, older
+
+
+def group_members(pgid: int, since: float) -> list[int]:
+    """Pids of the live processes of the worker group ``pgid`` whose leader started at
+    ``since`` (its process group or session, not older than the leader)."""
+    if _ours(pgid):
+        return []
+    return [proc.pid for proc in _scan_group(pgid, since)[0]]
+
+
+def kill_group(pgid: int, since: float) -> list[int]:
+    """SIGKILL every live process of the worker group ``pgid`` (see :func:`group_members`),
+    whether or not its leader is still there; returns their pids."""
+    if _ours(pgid):
+        return []
+    killed: list[int] = []
+    for _ in range(5):  # again while new ones turn up: a fork may race the scan
+        members, older = _scan_group(pgid, since)
+        fresh = [proc for proc in members if proc.pid not in killed]
+        if not fresh:
+            break
+        if not older:  # killpg also reaches a child forked after the scan
+            _signal_group(pgid, signal.SIGKILL)
+        for proc in fresh:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+            killed.append(proc.pid)
+    return killed
+
+
+def _reused(pgid: int, since: float) -> bool:
+    """Whether a process other than the recorded leader now holds the leader's pid."""
+    try:
+        return abs(psutil.Process(pgid).create_time() - since) >= _CLOCK_SLACK_S
+    except psutil.Error:
+        return False  # the leader is gone; its group may still have members
 
 
 def reap_orphans(pid_dir: Path) -> list[int]:
-    """Kill workers a previous coordinator left behind (from their pid files); return pids."""
+    """Kill the process groups of workers a previous coordinator left behind (from their pid
+    files), leader or no leader; return the pids killed."""
     reaped: list[int] = []
     if not pid_dir.is_dir():
         return reaped
     for path in pid_dir.glob("*.json"):
         try:
             record = json.loads(path.read_text())
-            pid = int(record["pid"])
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - float(record["create_time"])) < 1.0:
-                _signal_group(pid, signal.SIGKILL)
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-                reaped.append(pid)
-                log.warning("reaped orphan worker %s (pid %d) from a previous run",
-                            record.get("name"), pid)
-        except (psutil.NoSuchProcess, ValueError, KeyError, OSError):
-            pass
-        except psutil.Error as exc:
-            log.warning("could not reap %s: %s", path, exc)
+            pgid = int(record.get("pgid", record["pid"]))
+            since = float(record["create_time"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring unreadable pid file %s: %s", path, exc)
+        else:
+            pids = [] if _reused(pgid, since) else kill_group(pgid, since)
+            if pids:
+                reaped.extend(pids)
+                log.warning("reaped orphan worker %s (process group %d, pids %s) from a "
+                            "previous run", record.get("name"), pgid, pids)
         with contextlib.suppress(OSError):
             path.unlink()
     return reaped

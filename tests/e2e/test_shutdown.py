@@ -36,7 +36,8 @@ def test_sigkill_of_coordinator_leaves_no_orphan(tmp_path, demo_gguf):
     server = ServerProcess(tmp_path, {}, [llama_manifest("smol", demo_gguf)]).start()
     pid = load_worker(server)
     pid_file = tmp_path / "state" / "workers" / f"{pid}.json"
-    assert json.loads(pid_file.read_text())["pid"] == pid
+    record = json.loads(pid_file.read_text())
+    assert record["pid"] == record["pgid"] == pid  # the worker's own process group
     server.stop(signal.SIGKILL)
     # The worker notices its parent is gone (PR_SET_PDEATHSIG) ...
     wait_for(lambda: not pid_alive(pid), timeout=10)
