@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -58,11 +59,13 @@ class DiffusersBackend(HttpWorkerBackend):
                              f"{IMAGES_ENDPOINT} only", param="model",
                              code="unsupported_endpoint")
         worker_body = {k: body[k] for k in WORKER_FIELDS if body.get(k) is not None}
+        worker_body["request_id"] = request_id = uuid.uuid4().hex
         try:
             answer = await self.proxy("POST", "/generate", worker_body, stream=False)
         except asyncio.CancelledError:
-            # the caller went away (client disconnect, job cancelled): stop denoising too
-            task = asyncio.create_task(self._post("/cancel"))
+            # the caller went away (client disconnect, job cancelled): stop denoising too;
+            # by id, so a cancel that overtakes its generation still stops it, and only it
+            task = asyncio.create_task(self._post("/cancel", {"request_id": request_id}))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
             raise
@@ -75,11 +78,12 @@ class DiffusersBackend(HttpWorkerBackend):
         return UpstreamResponse(200, {"content-type": "application/json"},
                                 body=orjson.dumps(out))
 
-    async def _post(self, path: str) -> dict[str, Any]:
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if self._client is None:
             raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
         try:
-            response = await self._client.post(path, timeout=self.settings.request_timeout_s)
+            response = await self._client.post(path, json=body,
+                                               timeout=self.settings.request_timeout_s)
         except httpx.TransportError as exc:
             raise await self.crashed(exc) from exc
         if response.status_code >= 400:
