@@ -79,28 +79,14 @@ class SlotOwner:
             return False
         s.active += 1
         self._drained.clear()
-        s.touch(priority)
-        if keep_alive_s is not None:
-            if keep_alive_s == 0:
-                s.unload_after_request = True
-            elif keep_alive_s < 0:
-                s.unload_at = None
-            else:
-                s.unload_at = time.time() + keep_alive_s
+        s.granted(priority, keep_alive_s)
         return True
 
     def release(self, priority: int, keep_alive_s: float | None = None) -> None:
         """One request on the slot ended; honours its keep-alive."""
         s = self.slot
         s.active = max(0, s.active - 1)
-        if keep_alive_s is None or keep_alive_s > 0:
-            s.touch(priority)
-            if keep_alive_s is not None:
-                s.unload_at = time.time() + keep_alive_s
-        else:
-            s.last_used = time.time()
-            if keep_alive_s < 0:
-                s.unload_at = None
+        s.finished(priority, keep_alive_s)
         if s.active == 0:
             self._drained.set()
             if s.unload_after_request and not s.pinned:
@@ -293,16 +279,8 @@ class SlotOwner:
         s.last_error = str(exc) or type(exc).__name__
         if s.state == S.LOADING:
             s.transition(S.STOPPING, "load failed")
-        s.backend, s.port, s.lease, s.placement, s.ram_reserved_mb = None, None, None, None, 0
-        try:
-            if backend is not None:
-                with contextlib.suppress(Exception):
-                    await backend.stop()
-        finally:
-            await self.pool.release_lease(lease, self.model_id)
-            if s.state == S.STOPPING:
-                s.transition(S.IDLE, "load failed")
-            self.pool.events.emit("load_failed", model=self.model_id, error=s.last_error)
+        s.backend, s.lease = backend, lease  # whatever the load had, _stop takes it all back
+        await self._stop("load failed", event="load_failed")
 
     async def _retire(self, target: SlotState, reason: str, wait_s: float, wait_for_op: bool,
                       only_if: Callable[[ModelSlot], bool] | None) -> bool:
@@ -389,7 +367,7 @@ class SlotOwner:
             return await self._stop(reason)
         return "disk"
 
-    async def _stop(self, reason: str) -> str:
+    async def _stop(self, reason: str, event: str = "unloaded") -> str:
         """STOPPING → IDLE: stop the worker, then release its lease (the VRAM is free only
         once the process is gone)."""
         s = self.slot
@@ -397,14 +375,15 @@ class SlotOwner:
         lease, s.lease, s.placement = s.lease, None, None
         try:
             if backend is not None:
-                await backend.stop()
+                with contextlib.suppress(Exception):
+                    await backend.stop()
         finally:
             await self.pool.release_lease(lease, self.model_id)
-            s.port = None
-            s.ram_reserved_mb = 0
+            s.port, s.ram_reserved_mb = None, 0
             if s.state == S.STOPPING:
-                s.transition(S.IDLE, "stopped")
-            self.pool.events.emit("unloaded", model=self.model_id, reason=reason)
+                s.transition(S.IDLE, reason)
+            fields = {"error": s.last_error} if event == "load_failed" else {"reason": reason}
+            self.pool.events.emit(event, model=self.model_id, **fields)
         return "disk"
 
     def _stop_now(self, reason: str) -> None:
@@ -440,14 +419,6 @@ class SlotOwner:
             self._op.cancel()
             with contextlib.suppress(BaseException):
                 await self._op
-        s = self.slot
-        if s.state in WITH_WORKER or s.state == S.LOADING:
-            s.transition(S.STOPPING, "shutdown")
-        backend, s.backend = s.backend, None
-        lease, s.lease, s.placement = s.lease, None, None
-        if backend is not None:
-            with contextlib.suppress(Exception):
-                await backend.stop()
-        await self.pool.release_lease(lease, self.model_id)
-        if s.state == S.STOPPING:
-            s.transition(S.IDLE, "shutdown")
+        if self.slot.state in WITH_WORKER or self.slot.state == S.LOADING:
+            self.slot.transition(S.STOPPING, "shutdown")
+        await self._stop("shutdown")

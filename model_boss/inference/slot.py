@@ -105,6 +105,28 @@ class ModelSlot:
         self.last_priority = priority
         self.refresh_unload_at(now)
 
+    def granted(self, priority: int, keep_alive_s: float | None) -> None:
+        """A request starts: 0 = unload after it, < 0 = until evicted, > 0 = that long."""
+        self.touch(priority)
+        if keep_alive_s is not None:
+            if keep_alive_s == 0:
+                self.unload_after_request = True
+            elif keep_alive_s < 0:
+                self.unload_at = None
+            else:
+                self.unload_at = time.time() + keep_alive_s
+
+    def finished(self, priority: int, keep_alive_s: float | None) -> None:
+        """A request ended: the stay-warm clock restarts (or its keep-alive does)."""
+        if keep_alive_s is None or keep_alive_s > 0:
+            self.touch(priority)
+            if keep_alive_s is not None:
+                self.unload_at = time.time() + keep_alive_s
+        else:
+            self.last_used = time.time()
+            if keep_alive_s < 0:
+                self.unload_at = None
+
     def refresh_unload_at(self, now: float | None = None) -> None:
         now = now if now is not None else time.time()
         if self.pinned or self.stay_warm_s < 0:
