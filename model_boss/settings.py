@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     stop_grace_s: float = Field(default=10.0, ge=0)
     stay_warm_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_STAY_WARM_S))
     reaper_interval_s: float = Field(default=5.0, gt=0)
+    health_interval_s: float = Field(default=10.0, gt=0)  # idle READY workers are checked
     default_priority: int = Field(default=5, ge=0, le=100)
     max_queue_wait_s: float = Field(default=300.0, gt=0)
     max_queue_depth: int = Field(default=1000, ge=1)

@@ -49,6 +49,7 @@ class SlotOwner:
         self._op_kind = ""
         self._drained = asyncio.Event()
         self._drained.set()
+        self._health_failures = 0
 
     @property
     def model_id(self) -> str:
@@ -182,6 +183,24 @@ class SlotOwner:
             self._stop_now(f"VRAM lease lost: {reason}")
         else:  # an operation is in flight: it checks the lease before READY
             s.lease = None
+
+    async def check_health(self, failures_to_stop: int = 3) -> bool:
+        """Ask an idle READY worker whether it is healthy; after ``failures_to_stop`` failed
+        checks in a row the slot leaves READY and the worker is stopped (next request reloads)."""
+        s = self.slot
+        backend = s.backend
+        if s.state != S.READY or self.busy or backend is None:
+            return True
+        healthy = await backend.health_check()
+        if s.backend is not backend or s.state != S.READY:
+            return True  # it moved on while we asked
+        self._health_failures = 0 if healthy else self._health_failures + 1
+        if self._health_failures >= failures_to_stop and s.active == 0 and not self.busy:
+            self._health_failures = 0
+            s.last_error = f"worker failed {failures_to_stop} health checks in a row"
+            self.pool.events.emit("worker_unhealthy", model=self.model_id, pid=backend.pid)
+            self._stop_now(s.last_error)
+        return healthy
 
     # -- operations -----------------------------------------------------------------------
 

@@ -232,6 +232,17 @@ class ModelPool:
             except Exception:
                 log.exception("reaper pass failed; carrying on")
 
+    async def health_monitor(self) -> None:
+        """Background loop: health-check idle READY workers; unhealthy ones are stopped by
+        their owners. Never dies."""
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            for owner in list(self.owners.values()):
+                try:
+                    await owner.check_health()
+                except Exception:
+                    log.exception("health check of %s failed; carrying on", owner.model_id)
+
     # -- shared services for the owners ---------------------------------------------------
 
     async def release_lease(self, lease: Lease | None, model_id: str) -> None:

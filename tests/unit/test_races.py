@@ -234,3 +234,23 @@ async def test_two_loads_never_share_vram(tmp_path):
         assert any(not isinstance(r, BaseException) for r in results)
     finally:
         await coord.stop()
+
+
+async def test_unhealthy_worker_is_taken_out_of_ready(two_models):
+    coord, gates, log = two_models
+    (await acquire(coord, "q")).release()
+    slot = coord.pool.slots["q"]
+    owner = coord.pool.owner("q")
+    slot.backend.alive = True
+
+    async def unhealthy() -> bool:
+        return False
+
+    slot.backend.health_check = unhealthy
+    assert not await owner.check_health() and slot.state == S.READY  # one miss is not enough
+    await owner.check_health()
+    await owner.check_health()
+    assert slot.state != S.READY and "health checks" in slot.last_error
+    ticket = await asyncio.wait_for(acquire(coord, "q"), 2)  # reloaded on a fresh worker
+    assert steps(log, "start", "q") == 2
+    ticket.release()
