@@ -17,7 +17,6 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .api.app import create_app
-    from .coordinator import Coordinator
     from .settings import load_settings
 
     overrides = {}
@@ -27,13 +26,12 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["port"] = args.port
     try:
         settings = load_settings(args.config, **overrides)
-        coordinator = Coordinator(settings)
+        app = create_app(settings)
     except ConfigError as exc:
         print(f"model-boss: configuration error: {exc.message}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(coordinator=coordinator)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
     return 0

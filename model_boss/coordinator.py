@@ -59,9 +59,9 @@ class Coordinator:
         self.base_url = f"http://{settings.host}:{settings.port}"
         job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
-        from .api.jobs import make_runner
+        from .services import job_runner
 
-        self.jobs = JobManager(job_store, make_runner(self, lambda: self.base_url),
+        self.jobs = JobManager(job_store, job_runner(self),
                                result_ttl_s=settings.job_result_ttl_s,
                                max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh "llama,diffusion,test"
+.venv/bin/lint-imports  # the layer contract in pyproject.toml [tool.importlinter]
 exec .venv/bin/python -m pytest "$@"

@@ -1,4 +1,4 @@
-"""Admin surface: health, status, model load/unload/pin, events (SSE), metrics."""
+"""Admin surface: health, status, model load/unload/pin, config, tasks, events (SSE), metrics."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest
 from ..inference import SlotState
-from .proxy import coordinator_of
+from .context import coordinator_of
 
-router = APIRouter()
+router = APIRouter(tags=["admin"])
 
 
 @router.get("/health")
@@ -33,8 +33,7 @@ async def status(request: Request) -> dict[str, Any]:
 @router.get("/api/v1/models/{model_id:path}/status")
 async def model_status(request: Request, model_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
-    entry = coord.catalog.get(model_id)
-    return coord.pool.slot(entry.manifest.id).to_dict()
+    return coord.pool.slot(coord.catalog.get(model_id).manifest.id).to_dict()
 
 
 @router.post("/api/v1/models/{model_id:path}/load")

@@ -2,121 +2,47 @@
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import contextlib
-import time
-from typing import Any
+from typing import Any, Literal
 
-import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
-from ..coordinator import Coordinator
-from ..errors import BadRequest
-from ..inference import SlotState, SlotTicket
-from ..jobs import Job, JobManager, JobStatus
-from . import images, openai
-from .proxy import coordinator_of, serve
-from .requests import pop_extensions
+from ..services import ENDPOINT_BODIES, parse, pop_extensions
+from .context import coordinator_of
 
-router = APIRouter()
+router = APIRouter(tags=["jobs"])
 
-VALIDATORS = {
-    "/v1/chat/completions": openai.validate_chat,
-    "/v1/completions": openai.validate_completion,
-    "/v1/embeddings": openai.validate_embedding,
-    "/v1/audio/speech": openai.validate_speech,
-}
-ENDPOINTS = (*VALIDATORS, "/v1/images/generations")
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                   "/v1/audio/speech", "/v1/images/generations"]
+assert set(Endpoint.__args__) == set(ENDPOINT_BODIES)  # type: ignore[attr-defined]
 
 
-def make_runner(coord: Coordinator, base_url_of):
-    """The function a JobManager runs for each job: the same path a live request takes."""
+class JobRequest(BaseModel):
+    """``POST /api/v1/jobs``: the endpoint to run and its body, checked at once."""
 
-    async def run(job: Job, manager: JobManager) -> Any:
-        body = dict(job.body)
-        ext = pop_extensions(body, {})
-        ext.client_id = ext.client_id or job.client_id
-        model = body.get("model")
-        entry = coord.catalog.find(model) if isinstance(model, str) else None
-        slot = coord.pool.slots.get(entry.manifest.id) if entry else None
-        if slot is None or slot.state != SlotState.READY:
-            await manager.update(job, status=JobStatus.LOADING)
-        started = time.monotonic()
-        watchers: list[asyncio.Task] = []
-
-        def dispatched(ticket: SlotTicket) -> None:
-            job.model = ticket.slot.model_id
-            job.timings["waited_s"] = round(time.monotonic() - started, 3)
-            watchers.append(asyncio.create_task(_running(manager, job, ticket)))
-
-        try:
-            if job.endpoint == "/v1/images/generations":
-                worker_body = images.image_body(body, ext)
-                response = await images.generate(coord, worker_body, ext, base_url_of(),
-                                                  on_dispatch=dispatched)
-            else:
-                body["stream"] = False
-                response = await serve(coord, job.endpoint, body, ext, on_dispatch=dispatched)
-        finally:
-            for watcher in watchers:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watcher
-        job.timings["run_s"] = round(time.monotonic() - started - job.timings.get(
-            "waited_s", 0.0), 3)
-        if response.media_type and "json" not in response.media_type:
-            return {"content_type": response.media_type,
-                    "b64": base64.b64encode(response.body).decode()}
-        return orjson.loads(response.body)
-
-    return run
-
-
-async def _running(manager: JobManager, job: Job, ticket: SlotTicket) -> None:
-    """Mark the job running and, where the worker reports progress, follow it."""
-    await manager.update(job, status=JobStatus.RUNNING)
-    progress = getattr(ticket.slot.backend, "progress", None)
-    if progress is None:
-        return
-    while True:
-        await asyncio.sleep(0.2)
-        report = await progress()
-        if report and report != job.progress:
-            await manager.update(job, progress=report)
+    endpoint: Endpoint
+    body: dict[str, Any] = Field(description="the body that endpoint takes, x_* fields too")
+    client_id: str | None = Field(default=None, min_length=1, max_length=200,
+                                  description="else x_client_id or X-Client-Id")
 
 
 @router.post("/api/v1/jobs", status_code=202)
-async def submit_job(request: Request) -> JSONResponse:
-    coord = coordinator_of(request)
-    try:
-        payload = orjson.loads(await request.body() or b"null")
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    endpoint, body = payload.get("endpoint"), payload.get("body")
-    if endpoint not in ENDPOINTS:
-        raise BadRequest(f"'endpoint' must be one of {list(ENDPOINTS)}", param="endpoint")
-    if not isinstance(body, dict):
-        raise BadRequest("'body' must be a JSON object", param="body")
-    probe = dict(body)  # validate now so a bad body is a 400, not a failed job
-    ext = pop_extensions(probe, request.headers)
-    if endpoint == "/v1/images/generations":
-        images.image_body(probe, ext)
-    else:
-        VALIDATORS[endpoint](probe)
-    client_id = ext.client_id or payload.get("client_id") or "anonymous"
-    job = await coord.jobs.submit(endpoint, body, str(client_id))
+async def submit_job(request: Request, payload: JobRequest) -> JSONResponse:
+    body = parse(ENDPOINT_BODIES[payload.endpoint], payload.body).model_dump(
+        exclude_unset=True)  # a bad body is a 400 now, not a failed job later
+    ext = pop_extensions(dict(body), request.headers)
+    client_id = ext.client_id or payload.client_id or "anonymous"
+    job = await coordinator_of(request).jobs.submit(payload.endpoint, body, client_id)
     return JSONResponse(job.public(), status_code=202,
                         headers={"location": f"/api/v1/jobs/{job.id}"})
 
 
 @router.get("/api/v1/jobs")
-async def list_jobs(request: Request) -> dict[str, Any]:
-    coord = coordinator_of(request)
-    jobs = await coord.jobs.store.list(request.query_params.get("client_id"))
+async def list_jobs(request: Request,
+                    client_id: str | None = Query(default=None, max_length=200)
+                    ) -> dict[str, Any]:
+    jobs = await coordinator_of(request).jobs.store.list(client_id)
     return {"jobs": [j.public() for j in sorted(jobs, key=lambda j: j.created_at)]}
 
 

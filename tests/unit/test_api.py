@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import yaml
 
 from model_boss.api.app import create_app
 
@@ -90,3 +91,16 @@ async def test_models_listing(api):
     data = (await client.get("/v1/models", headers=USER)).json()["data"]
     assert [m["id"] for m in data] == ["a", "b"]
     assert data[0]["aliases"] == ["alias-a"] and data[0]["available"] is True
+
+
+def test_create_app_reads_the_config_file_named_by_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump([{"id": "from-file", "path": "w.gguf",
+                                                       "vram_mb": 100}]))
+    config = tmp_path / "model-boss.yaml"
+    config.write_text(yaml.safe_dump({
+        "port": 8299, "manifests": ["m.yaml"], "tasks_file": None, "use_nvml": False,
+        "state_dir": "state", "gpus": [{"index": 0, "vram_mb": 1024}]}))
+    monkeypatch.setenv("MODEL_BOSS_CONFIG", str(config))
+    coord = create_app().state.coordinator
+    assert coord.settings.port == 8299 and "from-file" in coord.catalog
+    assert coord.settings.state_dir == tmp_path / "state"

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import shutil
 import sys
+from pathlib import Path
+from typing import Any
 
 from ...gpu.placement import Placement
-from ..backend import HttpWorkerBackend
+from ..backend import HttpWorkerBackend, UpstreamResponse
+from .chat_templates import as_chat, completion_request, uses_prompt_template
 
 
 class LlamaServerBackend(HttpWorkerBackend):
     """Runs ``llama-server`` when configured (or on PATH and asked for), else
     ``python -m llama_cpp.server``; context size, GPU layers, tensor split and parallel slots
-    come from the manifest and the placement."""
+    come from the manifest and the placement. A manifest ``chat_template`` other than the
+    worker's own (alpaca, raw, a Jinja file) is applied here: chat requests are rendered into
+    a prompt for ``/v1/completions`` and the answer is turned back into a chat completion."""
 
     def binary(self) -> str | None:
         configured = self.settings.llama_server_binary
@@ -60,3 +65,13 @@ class LlamaServerBackend(HttpWorkerBackend):
             if m.threads:
                 argv += ["--n_threads", str(m.threads)]
         return argv + list(m.args)
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        template = self.manifest.chat_template
+        if endpoint != "/v1/chat/completions" or not uses_prompt_template(template):
+            return await super().handle_request(endpoint, body, stream)
+        source = self.manifest.source_file
+        completion = completion_request(body, template or "",
+                                        Path(source).parent if source else None)
+        return as_chat(await super().handle_request("/v1/completions", completion, stream))

@@ -1,8 +1,9 @@
-"""Chat templates for models served through a raw completion endpoint.
+"""Chat templates for llama models served through the raw completion endpoint.
 
 ``chat_template: chatml`` (or unset) leaves chat requests to the worker's own template.
 ``alpaca``, ``raw`` or a Jinja file render the messages into a prompt here; the request goes to
-``/v1/completions`` and the answer is turned back into a chat completion.
+``/v1/completions`` and the answer is turned back into a chat completion. The thinking toggle
+arrives as ``chat_template_kwargs.enable_thinking``, as llama.cpp's own templates take it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import jinja2
 import orjson
 
-from ..errors import BadRequest
+from ...errors import BadRequest
+from ..backend import UpstreamResponse
 
 NO_THINK_MARKER = "/no_think"
 ALPACA_STOP = ["### Instruction:"]
@@ -56,7 +58,7 @@ def render_raw(messages: list[dict[str, Any]]) -> str:
 
 
 @lru_cache(maxsize=32)
-def _jinja(path: str, mtime: float) -> jinja2.Template:
+def _jinja(path: str, mtime: float) -> jinja2.Template:  # mtime: part of the cache key
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     return env.from_string(Path(path).read_text())
@@ -145,3 +147,23 @@ async def completion_stream_to_chat(chunks: AsyncIterator[bytes]) -> AsyncIterat
                    "object": "chat.completion.chunk", "created": data.get("created"),
                    "model": data.get("model"), "choices": choices}
             yield b"data: " + orjson.dumps(out) + b"\n\n"
+
+
+def completion_request(chat_body: dict[str, Any], chat_template: str,
+                       base_dir: Path | None) -> dict[str, Any]:
+    """A chat request → the completion request that renders it with ``chat_template``."""
+    kwargs = chat_body.get("chat_template_kwargs")
+    thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
+    prompt = render_prompt(chat_template, chat_body.get("messages") or [],
+                           thinking if isinstance(thinking, bool) else None, base_dir)
+    return completion_body(chat_body, prompt, chat_template)
+
+
+def as_chat(upstream: UpstreamResponse) -> UpstreamResponse:
+    """A completion answer (whole or streamed) re-framed as a chat completion."""
+    if upstream.stream is not None:
+        return UpstreamResponse(upstream.status, upstream.headers,
+                                stream=completion_stream_to_chat(upstream.stream))
+    data = orjson.loads(upstream.body or b"{}")
+    return UpstreamResponse(upstream.status, upstream.headers,
+                            body=orjson.dumps(completion_to_chat(data)))

@@ -1,23 +1,24 @@
 """Serving one request: route, queue, forward to the worker, pass the answer through.
 
-A task's ladder is tried in the router's order; when a candidate cannot load (missing file,
-crash, timeout, no room ever) the next one is tried within the request's budget, and a
-``fallback`` event is logged. Every response names the model that served it.
+Transport-neutral: it takes a parsed body and its extensions and returns a :class:`Served`
+(a whole body, or a chunk stream that reports a failure as an SSE error event then
+``[DONE]``). A task's ladder is tried in the router's order; when a candidate cannot serve
+(missing file, crash, timeout, no room ever) the next one is tried within the request's
+budget, and a ``fallback`` event is logged. Every answer names the model that served it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 
-from ..coordinator import Coordinator
 from ..errors import (
     BudgetExceeded,
     CapacityExceeded,
@@ -27,33 +28,39 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..inference import QueuedRequest, SlotTicket
-from ..inference.backend import UpstreamResponse
-from ..inference.templates import (
-    completion_body,
-    completion_stream_to_chat,
-    completion_to_chat,
-    render_prompt,
-    uses_prompt_template,
-)
-from .errors import sse_error
-from .requests import ClientDisconnected, Extensions, unless_disconnected
+from .cancel import unless_disconnected
+from .extensions import Extensions
+
+if TYPE_CHECKING:
+    from ..coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
 MODEL_HEADER = "x-model-boss-model"
+WAIT_HEADER = "x-model-boss-queue-wait-s"
+CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
 
+Dispatched = Callable[[SlotTicket], None]
 
-def coordinator_of(request: Request) -> Coordinator:
-    return request.app.state.coordinator
+
+@dataclass(slots=True)
+class Served:
+    """An answer: ``body`` whole, or ``chunks`` to pass on as they come."""
+
+    status: int
+    headers: dict[str, str]
+    media_type: str
+    body: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
 
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
-                request: Request | None = None,
-                on_dispatch: Callable[[SlotTicket], None] | None = None) -> Response:
-    """Route ``body`` and serve it. ``request`` (the client connection) lets a disconnect
-    cancel the work; ``on_dispatch`` is told when a slot has been granted (jobs use it)."""
+                disconnected: asyncio.Event | None = None,
+                on_dispatch: Dispatched | None = None) -> Served:
+    """Route ``body`` and serve it. ``disconnected`` (set when the caller goes away) cancels
+    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it)."""
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
     profile = settings.clients.get(client_id)
@@ -90,8 +97,8 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None)
         try:
-            return await _serve_on(request, coord, queued, dict(body, model=model_id), ext,
-                                   on_dispatch)
+            return await _serve_on(coord, queued, dict(body, model=model_id), ext,
+                                   disconnected, on_dispatch)
         except FALLBACK_ERRORS as exc:
             last_error = exc
             if position + 1 >= len(plan.candidates):
@@ -101,83 +108,69 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
     raise last_error or ModelUnavailable("no candidate could serve the request")
 
 
-async def _serve_on(request: Request | None, coord: Coordinator, queued: QueuedRequest,
-                    body: dict[str, Any], ext: Extensions,
-                    on_dispatch: Callable[[SlotTicket], None] | None) -> Response:
-    entry = coord.catalog.get_available(queued.model_id)
-    manifest = entry.manifest
-    try:
-        ticket: SlotTicket = await unless_disconnected(request, coord.queue.acquire(queued))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    headers = {MODEL_HEADER: manifest.id, "x-model-boss-queue-wait-s": str(ticket.waited_s)}
+def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
+    """The thinking toggle, as OpenAI-compatible servers take it: a chat template kwarg
+    (the request's own ``chat_template_kwargs`` win)."""
+    if thinking is None or endpoint != CHAT:
+        return
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    kwargs.setdefault("enable_thinking", thinking)
+    body["chat_template_kwargs"] = kwargs
+
+
+async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
+                    ext: Extensions, disconnected: asyncio.Event | None,
+                    on_dispatch: Dispatched | None) -> Served:
+    manifest = coord.catalog.get_available(queued.model_id).manifest
+    ticket: SlotTicket = await unless_disconnected(disconnected, coord.queue.acquire(queued))
+    headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
     if on_dispatch is not None:
         on_dispatch(ticket)
-    stream = bool(body.get("stream"))
-    endpoint = queued.endpoint
-    thinking = ext.thinking if ext.thinking is not None else manifest.thinking
-    templated = endpoint == "/v1/chat/completions" and uses_prompt_template(
-        manifest.chat_template)
-    if templated:
-        prompt = render_prompt(manifest.chat_template or "", body.get("messages", []), thinking,
-                               base_dir=_manifest_dir(manifest.source_file))
-        body, endpoint = completion_body(body, prompt, manifest.chat_template or ""), \
-            "/v1/completions"
-    elif thinking is not None and endpoint == "/v1/chat/completions":
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        kwargs.setdefault("enable_thinking", thinking)
-        body["chat_template_kwargs"] = kwargs
+    _think(body, queued.endpoint, ext.thinking if ext.thinking is not None
+           else manifest.thinking)
     backend = ticket.slot.backend
     try:
         if backend is None:
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")
-        upstream: UpstreamResponse = await unless_disconnected(
-            request, backend.handle_request(endpoint, body, stream))
-    except ClientDisconnected:
-        ticket.release(ok=False, client_fault=True)
-        return Response(status_code=499)
+        upstream = await unless_disconnected(
+            disconnected, backend.handle_request(queued.endpoint, body,
+                                                 bool(body.get("stream"))))
     except BaseException as exc:
         ticket.release(ok=False, client_fault=_client_fault(exc))
         raise
-    media_type = upstream.headers.get("content-type", "application/json")
     if upstream.stream is None:
         ticket.release(ok=True)
-        content = upstream.body
-        if templated:
-            content = orjson.dumps(completion_to_chat(orjson.loads(content or b"{}")))
-        return Response(content, status_code=upstream.status, headers=headers,
-                        media_type=media_type)
-    chunks = upstream.stream
-    if templated:
-        chunks = completion_stream_to_chat(chunks)
-    return StreamingResponse(_relay(chunks, ticket, manifest.id), status_code=upstream.status,
-                             headers=headers, media_type="text/event-stream")
-
-
-def _manifest_dir(source_file: str | None):
-    from pathlib import Path
-
-    return Path(source_file).parent if source_file else None
+        return Served(upstream.status, headers,
+                      upstream.headers.get("content-type", "application/json"),
+                      body=upstream.body or b"")
+    return Served(upstream.status, headers, "text/event-stream",
+                  chunks=relay(upstream.stream, ticket, manifest.id))
 
 
 def _client_fault(exc: BaseException) -> bool:
     return isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500
 
 
-async def _relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
-                 model_id: str) -> AsyncIterator[bytes]:
+def sse_error(exc: Exception) -> bytes:
+    """The SSE event that carries a failure once a stream has started (same envelope)."""
+    if not isinstance(exc, ModelBossError):
+        exc = ModelBossError(f"stream failed: {exc}", code="stream_failed")
+    return b"data: " + orjson.dumps(exc.envelope()) + b"\n\n"
+
+
+async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
+                model_id: str) -> AsyncIterator[bytes]:
     """Pass chunks through untouched; a failure mid-stream becomes an SSE error + [DONE]."""
     ok = False
     try:
         async for chunk in chunks:
             yield chunk
         ok = True
-    except ModelBossError as exc:
-        log.warning("stream from %s failed: %s", model_id, exc.message)
-        yield sse_error(exc)
-        yield b"data: [DONE]\n\n"
     except Exception as exc:
-        log.exception("stream from %s failed", model_id)
+        if isinstance(exc, ModelBossError):
+            log.warning("stream from %s failed: %s", model_id, exc.message)
+        else:
+            log.exception("stream from %s failed", model_id)
         yield sse_error(exc)
         yield b"data: [DONE]\n\n"
     finally:

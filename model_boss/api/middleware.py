@@ -1,0 +1,73 @@
+"""Pure ASGI middleware (no per-request task group): API keys and request metrics. The body
+limits are in :mod:`.limits`."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from fastapi.responses import Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..coordinator import Coordinator
+from ..settings import Settings
+from .errors import envelope
+
+OPEN_PATHS = {"/health", "/metrics"}
+
+
+class AuthAndMetrics:
+    """API keys (``admin_api_key`` for ``/api/``), and metrics for ``POST /v1/...``."""
+
+    def __init__(self, app: ASGIApp, coordinator: Coordinator) -> None:
+        self.app = app
+        self.coord = coordinator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = self.coord.settings
+        if settings.api_key or settings.admin_api_key:
+            denied = _check_key(scope["path"], Headers(scope=scope), settings)
+            if denied is not None:
+                await denied(scope, receive, send)
+                return
+        path = scope["path"]
+        if not (path.startswith("/v1/") and scope["method"] == "POST"):
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        seen: dict[str, object] = {}
+
+        async def observe(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                for key, value in message.get("headers", []):
+                    if key == b"x-model-boss-model":
+                        seen["model"] = value.decode()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observe)
+        finally:
+            if "status" in seen:
+                self.coord.metrics.observe_request(str(seen.get("model", "-")), path,
+                                                   int(seen["status"]),
+                                                   time.monotonic() - started)
+
+
+def _check_key(path: str, headers: Headers, settings: Settings) -> Response | None:
+    if path in OPEN_PATHS:
+        return None
+    wanted = settings.admin_api_key if path.startswith("/api/") and settings.admin_api_key \
+        else settings.api_key
+    if not wanted:
+        return None
+    header = headers.get("authorization", "")
+    given = header[7:] if header.lower().startswith("bearer ") else \
+        headers.get("x-api-key", "")
+    if hmac.compare_digest(given.encode(), wanted.encode()):
+        return None
+    return envelope("missing or invalid API key", 401, code="invalid_api_key")

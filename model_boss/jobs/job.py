@@ -1,0 +1,49 @@
+"""Job: one piece of long work (an image, speech, any served endpoint) and its status."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    LOADING = "loading"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    endpoint: str
+    body: dict[str, Any]
+    client_id: str
+    status: JobStatus = JobStatus.QUEUED
+    model: str | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    result: Any = None
+    error: dict[str, Any] | None = None
+    created_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+
+    def public(self, with_body: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = str(self.status)
+        if not with_body:
+            data.pop("body")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        data = dict(data)
+        data["status"] = JobStatus(data["status"])
+        return cls(**data)

@@ -1,0 +1,41 @@
+"""Transport-neutral services: what a request means and how it is served, apart from how it
+arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette."""
+
+from .cancel import ClientDisconnected, unless_disconnected
+from .extensions import Extensions, pop_extensions
+from .images import FILES_PATH, IMAGES, generate_images
+from .jobs import job_runner, run_job
+from .schemas import (
+    ENDPOINT_BODIES,
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    ImageRequest,
+    SpeechRequest,
+)
+from .serving import MODEL_HEADER, WAIT_HEADER, Served, serve
+from .validation import bad_request, parse
+
+__all__ = [
+    "ENDPOINT_BODIES",
+    "FILES_PATH",
+    "IMAGES",
+    "MODEL_HEADER",
+    "WAIT_HEADER",
+    "ChatRequest",
+    "ClientDisconnected",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "Extensions",
+    "ImageRequest",
+    "Served",
+    "SpeechRequest",
+    "bad_request",
+    "generate_images",
+    "job_runner",
+    "parse",
+    "pop_extensions",
+    "run_job",
+    "serve",
+    "unless_disconnected",
+]

@@ -1,0 +1,72 @@
+"""The ``x_*`` request extensions (and their headers): documented, validated, stripped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool
+
+from .validation import parse
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    return value
+
+
+# JSON numbers (or numeric strings, as headers carry them), never booleans
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class ExtensionFields(BaseModel):
+    """model-boss's own request fields; removed before the body goes to a worker."""
+
+    x_client_id: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="who is asking (client profiles, fair share); also the X-Client-Id header")
+    x_priority: Int | None = Field(
+        default=None, ge=0, le=100,
+        description="lower is more important; also the X-Priority header")
+    x_budget_s: Number | None = Field(
+        default=None, ge=0.001, le=86400,
+        description="answer 503 at once when the predicted wait + load + run is longer")
+    x_keep_alive_s: Number | None = Field(
+        default=None, ge=-1, le=30 * 86400,
+        description="how long the model stays loaded after this request (0: unload, -1: keep)")
+    x_task: str | None = Field(default=None, min_length=1, description="a task from tasks.yaml")
+    x_thinking: StrictBool | None = Field(
+        default=None, description="turn a model's thinking on or off")
+
+
+_HEADERS = {"x_client_id": "x-client-id", "x_priority": "x-priority"}
+
+
+@dataclass(slots=True)
+class Extensions:
+    """The extensions of one request, parsed; ``extra`` keeps the other ``x_*`` fields."""
+
+    client_id: str | None = None
+    priority: int | None = None
+    budget_s: float | None = None
+    keep_alive_s: float | None = None
+    task: str | None = None
+    thinking: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:
+    """Remove every ``x_*`` key from ``body`` and return them parsed; the ``X-Client-Id`` /
+    ``X-Priority`` headers fill in what the body does not say."""
+    found = {key: body.pop(key) for key in [k for k in body if k.startswith("x_")]}
+    known = {name: found.pop(name) for name in ExtensionFields.model_fields if name in found}
+    for name, header in _HEADERS.items():
+        if known.get(name) is None and header in headers:
+            known[name] = headers[header]
+    fields = parse(ExtensionFields, known)
+    return Extensions(client_id=fields.x_client_id, priority=fields.x_priority,
+                      budget_s=fields.x_budget_s, keep_alive_s=fields.x_keep_alive_s,
+                      task=fields.x_task, thinking=fields.x_thinking, extra=found)
