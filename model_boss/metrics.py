@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
+
+# What generate_latest writes: the text format 0.0.4 (newer prometheus_client releases name
+# it CONTENT_TYPE_PLAIN_0_0_4, as their CONTENT_TYPE_LATEST moved on to 1.0.0)
+CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 
 
 class Metrics:
+    """The daemon's counters, gauges and histograms, rendered for ``GET /metrics``."""
+
+    content_type = CONTENT_TYPE
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("model_boss_requests_total", "Requests answered",
@@ -39,4 +47,4 @@ class Metrics:
             self.load_seconds.labels(event.get("model", "?")).observe(event.get("seconds", 0))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition.generate_latest(self.registry)

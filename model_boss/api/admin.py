@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import BadRequest
 from ..inference import SlotState
+from ..runtime_config import RuntimeValues
 from .context import coordinator_of
 
 router = APIRouter(tags=["admin"])
@@ -37,11 +37,15 @@ async def model_status(request: Request, model_id: str) -> dict[str, Any]:
 
 
 @router.post("/api/v1/models/{model_id:path}/load")
-async def load_model(request: Request, model_id: str) -> dict[str, Any]:
+async def load_model(request: Request, model_id: str,
+                     priority: int | None = Query(
+                         default=None, ge=0, le=100,
+                         description="for eviction decisions; the default priority if unset")
+                     ) -> dict[str, Any]:
     coord = coordinator_of(request)
     entry = coord.catalog.get_available(model_id)
-    priority = int(request.query_params.get("priority", coord.settings.default_priority))
-    slot = await coord.pool.get_or_load(entry.manifest.id, priority)
+    slot = await coord.pool.get_or_load(
+        entry.manifest.id, coord.settings.default_priority if priority is None else priority)
     coord.queue.wake()
     return slot.to_dict()
 
@@ -73,15 +77,15 @@ def _set_pin(request: Request, model_id: str, pinned: bool) -> dict[str, Any]:
     return slot.to_dict()
 
 
-@router.get("/api/v1/events")
-async def events(request: Request) -> Response:
+@router.get("/api/v1/events", response_class=Response,
+            responses={200: {"content": {"text/event-stream": {}, "application/json": {}}}})
+async def events(request: Request,
+                 since: int = Query(default=0, description="only events after this seq"),
+                 stream: bool = Query(default=True, description="false: the recent ones as JSON")
+                 ) -> Response:
     """Server-sent events: the recent ones (``?since=seq``), then live ones."""
     coord = coordinator_of(request)
-    try:
-        since = int(request.query_params.get("since", "0"))
-    except ValueError as exc:
-        raise BadRequest("since must be an integer", param="since") from exc
-    if request.query_params.get("stream", "true").lower() in ("0", "false", "no"):
+    if not stream:
         return Response(orjson.dumps({"events": [e for e in coord.events.recent()
                                                   if e["seq"] > since]}),
                         media_type="application/json")
@@ -104,11 +108,12 @@ async def events(request: Request) -> Response:
     return StreamingResponse(feed(), media_type="text/event-stream")
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}}})
 async def metrics(request: Request) -> Response:
     coord = coordinator_of(request)
     await coord.refresh_metrics()
-    return Response(coord.metrics.render(), media_type="text/plain; version=0.0.4")
+    return Response(coord.metrics.render(), headers={"content-type": coord.metrics.content_type})
 
 
 @router.get("/api/v1/config")
@@ -117,13 +122,10 @@ async def get_config(request: Request) -> dict[str, Any]:
 
 
 @router.put("/api/v1/config")
-async def put_config(request: Request) -> dict[str, Any]:
+async def put_config(request: Request, patch: RuntimeValues) -> dict[str, Any]:
+    """Change runtime toggles; only the fields given change."""
     coord = coordinator_of(request)
-    try:
-        patch = orjson.loads(await request.body() or b"null")
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    values = await coord.runtime.update(patch)
+    values = await coord.runtime.update(patch.model_dump(by_alias=True, exclude_unset=True))
     coord.events.emit("config_changed", **values)
     return values
 

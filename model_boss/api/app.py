@@ -12,7 +12,7 @@ from ..settings import Settings, load_settings
 from . import admin, images, jobs, leases, openai
 from .errors import install_error_handlers
 from .limits import BodyLimit
-from .middleware import AuthAndMetrics
+from .middleware import AuthAndMetrics, InternalErrors
 
 
 def create_app(settings: Settings | None = None, *,
@@ -35,9 +35,10 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
-    # the last added runs first: keys and metrics → body limits → routes
+    # the last added runs first: errors → keys and metrics → body limits → routes
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
     app.add_middleware(AuthAndMetrics, coordinator=coord)
+    app.add_middleware(InternalErrors)
     for module in (openai, admin, images, jobs, leases):
         app.include_router(module.router)
     return app

@@ -35,8 +35,14 @@ def error_response(exc: ModelBossError) -> Response:
                     media_type="application/json", headers=exc.headers())
 
 
+def internal_error(exc: Exception) -> Response:
+    """A bug's answer: still the envelope, still a complete response (the connection lives)."""
+    return envelope(f"internal error: {type(exc).__name__}: {exc}", 500, code="internal_error")
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Typed errors, validation errors, routing errors, and anything unexpected."""
+    """Typed errors, validation errors and routing errors. Anything else is caught by
+    :class:`~model_boss.api.middleware.InternalErrors`, which answers without re-raising."""
 
     @app.exception_handler(ModelBossError)
     async def _ours(_request: Request, exc: ModelBossError) -> Response:
@@ -50,9 +56,3 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
         return envelope(str(exc.detail), exc.status_code, code=_CODES.get(exc.status_code),
                         headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
-        return envelope(f"internal error: {type(exc).__name__}: {exc}", 500,
-                        code="internal_error")

@@ -17,8 +17,9 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-# JSON numbers (or numeric strings, as headers carry them), never booleans
-Int = Annotated[int, BeforeValidator(_not_bool)]
+# JSON numbers (or numeric strings, as headers carry them), never booleans; integers fit
+# in 64 bits, as every worker reads them
+Int = Annotated[int, BeforeValidator(_not_bool), Field(ge=-(2**63), le=2**63 - 1)]
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 

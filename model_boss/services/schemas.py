@@ -57,7 +57,8 @@ class ChatMessage(BaseModel):
 
 class _Sampling(OpenAIRequest):
     max_tokens: Int | None = Field(default=None, ge=1)
-    n: Int | None = Field(default=None, ge=1, le=128, description="choices")
+    n: Int | None = Field(default=None, ge=1, le=128,
+                          description="choices; at most what the model serves (llama: 1)")
     temperature: Number | None = Field(default=None, ge=0, le=2)
 
 

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..catalog import ModelManifest
 from ..errors import (
+    BadRequest,
     BudgetExceeded,
     CapacityExceeded,
     LoadFailed,
@@ -28,6 +30,7 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..inference import QueuedRequest, SlotTicket
+from ..inference.backends import BACKENDS
 from .cancel import unless_disconnected
 from .extensions import Extensions
 
@@ -41,6 +44,7 @@ WAIT_HEADER = "x-model-boss-queue-wait-s"
 CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
+CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
 
 Dispatched = Callable[[SlotTicket], None]
 
@@ -89,6 +93,10 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
                                  f"{', '.join(plan.candidates[:position])}",
                                  retry_after_s=max(1.0, budget_s))
         manifest = coord.catalog.get(model_id).manifest
+        too_many = _too_many_choices(manifest, endpoint, body)
+        if too_many is not None:  # a rung that cannot give what was asked is passed over
+            last_error = too_many
+            continue
         queued = QueuedRequest(
             model_id=model_id, client_id=client_id, endpoint=endpoint, budget_s=remaining,
             priority=priority if priority is not None else (
@@ -106,6 +114,18 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
             coord.events.emit("fallback", model=model_id, to=plan.candidates[position + 1],
                               task=task.name if task else None, error=exc.message)
     raise last_error or ModelUnavailable("no candidate could serve the request")
+
+
+def _too_many_choices(manifest: ModelManifest, endpoint: str,
+                      body: dict[str, Any]) -> BadRequest | None:
+    # a worker kind that says how many choices it serves (llama: 1); others decide for
+    # themselves (a cloud remote, a command's server)
+    limit = getattr(BACKENDS.get(manifest.backend), "choices_per_request", None)
+    n = body.get("n")
+    if endpoint not in CHOICE_ENDPOINTS or limit is None or not isinstance(n, int) or n <= limit:
+        return None
+    return BadRequest(f"'{manifest.id}' serves at most {limit} choice{'s' * (limit != 1)} "
+                      f"per request; 'n' was {n}", param="n", code="n_not_supported")
 
 
 def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:

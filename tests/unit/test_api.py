@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+
 import httpx
 import pytest
+import uvicorn
 import yaml
 
 from model_boss.api.app import create_app
+from model_boss.errors import WorkerCrashed
+from model_boss.inference.backend import UpstreamResponse
 
-from .fakes import coordinator, manifest
+from .fakes import FakeBackend, coordinator, manifest
 
 
 @pytest.fixture
@@ -91,6 +98,196 @@ async def test_models_listing(api):
     data = (await client.get("/v1/models", headers=USER)).json()["data"]
     assert [m["id"] for m in data] == ["a", "b"]
     assert data[0]["aliases"] == ["alias-a"] and data[0]["available"] is True
+
+
+# --- bad input is a 400 envelope, never a 5xx -------------------------------------------
+
+def assert_envelope(response, status: int, param: str | None = "-") -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param != "-":
+        assert error["param"] == param
+    return error
+
+
+POSTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/audio/speech",
+         "/v1/images/generations", "/api/v1/jobs", "/api/v1/leases", "/api/v1/models/a/load"]
+
+
+@pytest.mark.parametrize("path", POSTS + ["PUT /api/v1/config"])
+async def test_json_nested_a_thousand_deep_is_400(api, path):
+    client, _ = api
+    method, _, path = path.rpartition(" ")
+    deep = b"[" * 1000 + b"]" * 1000
+    body = b'{"model": "a", "messages": [{"role": "user", "content": "x"}], "x": ' + deep + b"}"
+    key = ADMIN if path.startswith("/api/") else USER
+    response = await client.request(method or "POST", path, content=body,
+                                    headers={**key, "content-type": "application/json"})
+    assert "deeper than" in assert_envelope(response, 400, None)["message"]
+
+
+async def test_json_nested_within_the_limit_is_served(api):
+    client, _ = api
+    nested = {"model": "a", "messages": [{"role": "user", "content": "x"}],
+              "metadata": [[[["deep enough"]]]]}
+    assert (await client.post("/v1/chat/completions", json=nested, headers=USER)).is_success
+
+
+@pytest.mark.parametrize("extra, param", [
+    (b'"seed": 123456789012345678901234567890', None), (b'"max_tokens": 1e30', "max_tokens"),
+    (b'"logit_bias": {"1": -99999999999999999999}', None)])
+async def test_numbers_no_worker_could_read_are_400(api, extra, param):
+    client, _ = api
+    body = b'{"model": "a", "messages": [{"role": "user", "content": "x"}], ' + extra + b"}"
+    response = await client.post("/v1/chat/completions", content=body,
+                                 headers={**USER, "content-type": "application/json"})
+    assert_envelope(response, 400, param)
+    digits = {**CHAT, "user": "12345678901234567890123456789"}  # in a string: fine
+    assert (await client.post("/v1/chat/completions", json=digits, headers=USER)).is_success
+
+
+async def test_image_model_as_a_list_is_400(api):
+    client, _ = api
+    response = await client.post("/v1/images/generations", headers=USER,
+                                 json={"model": ["a"], "prompt": "a cat"})
+    assert_envelope(response, 400, "model")
+
+
+@pytest.mark.parametrize("query", ["priority=abc", "priority=-1", "priority=101"])
+async def test_load_priority_that_is_not_a_priority_is_400(api, query):
+    client, _ = api
+    response = await client.post(f"/api/v1/models/a/load?{query}", headers=ADMIN)
+    assert_envelope(response, 400, "priority")
+    assert (await client.post("/api/v1/models/a/load?priority=3", headers=ADMIN)).is_success
+
+
+async def test_n_above_what_the_model_serves_is_400(api):
+    client, coord = api
+    response = await client.post("/v1/chat/completions", headers=USER, json={**CHAT, "n": 3})
+    error = assert_envelope(response, 400, "n")
+    assert "serves at most 1 choice" in error["message"] and error["code"] == "n_not_supported"
+    completion = await client.post("/v1/completions", headers=USER,
+                                   json={"model": "a", "prompt": "x", "n": 2})
+    assert_envelope(completion, 400, "n")
+    assert (await client.post("/v1/chat/completions", headers=USER,
+                              json={**CHAT, "n": 1})).is_success
+    assert coord.queue.depth == 0
+
+
+@pytest.mark.parametrize("where", ["body", "header"])
+async def test_empty_client_id_is_400(api, where):
+    client, _ = api
+    body, headers = dict(CHAT), dict(USER)
+    if where == "body":
+        body["x_client_id"] = ""
+    else:
+        headers["x-client-id"] = ""
+    response = await client.post("/v1/chat/completions", json=body, headers=headers)
+    assert_envelope(response, 400, "x_client_id")
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/api/v1/jobs"), ("PUT", "/api/v1/config"),
+                                          ("POST", "/api/v1/leases"),
+                                          ("POST", "/v1/chat/completions")])
+async def test_every_body_goes_through_the_size_limit(tmp_path, method, path):
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000)], max_body_bytes=2048)
+    app = create_app(coordinator=coord)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://mb") as client:
+        big = b'{"note": "' + b"x" * 4096 + b'"}'
+        declared = await client.request(method, path, content=big)
+        assert assert_envelope(declared, 413)["code"] == "payload_too_large"
+
+        async def chunks():  # no content-length: counted as it arrives
+            for _ in range(8):
+                yield b" " * 512
+
+        streamed = await client.request(method, path, content=chunks())
+        assert assert_envelope(streamed, 413)["code"] == "payload_too_large"
+
+
+async def test_a_bug_is_a_500_envelope_and_the_app_does_not_raise(api, monkeypatch):
+    """httpx.ASGITransport re-raises what the app raises: getting a response at all shows
+    the app answered the error itself (uvicorn would close the connection otherwise)."""
+    client, _ = api
+
+    async def broken(self, endpoint, body, stream):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(FakeBackend, "handle_request", broken)
+    response = await client.post("/v1/chat/completions", json=CHAT, headers=USER)
+    assert assert_envelope(response, 500)["code"] == "internal_error"
+    assert (await client.get("/health")).status_code == 200
+
+
+async def test_a_500_keeps_the_keep_alive_connection(tmp_path, monkeypatch):
+    """Against a real uvicorn: the request after a 500 arrives on the same connection."""
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000)])
+
+    async def broken(self, endpoint, body, stream):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(FakeBackend, "handle_request", broken)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(coordinator=coord), log_level="warning",
+                                           lifespan="on"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            await asyncio.sleep(0.01)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with httpx.AsyncClient(base_url=url) as client:
+            failed = await client.post("/v1/chat/completions", json={**CHAT, "model": "a"})
+            assert failed.status_code == 500 and failed.headers.get("connection") != "close"
+            after = await client.get("/health")
+            assert after.status_code == 200
+            assert after.extensions["network_stream"] is failed.extensions["network_stream"]
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def test_a_stream_that_fails_ends_with_an_sse_error_then_done(api, monkeypatch):
+    client, coord = api
+
+    async def failing_stream(self, endpoint, body, stream):
+        async def chunks():
+            yield b'data: {"choices": []}\n\n'
+            raise WorkerCrashed("worker for 'a' exited with -9")
+
+        return UpstreamResponse(200, {"content-type": "text/event-stream"}, stream=chunks())
+
+    monkeypatch.setattr(FakeBackend, "handle_request", failing_stream)
+    response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                 headers=USER)
+    events = [line for line in response.text.split("\n\n") if line]
+    assert events[0] == 'data: {"choices": []}' and events[-1] == "data: [DONE]"
+    error = json.loads(events[1].removeprefix("data: "))["error"]
+    assert error["code"] == "worker_failed" and "exited with -9" in error["message"]
+    assert coord.pool.slots["a"].to_dict()["active_requests"] == 0
+
+
+async def test_metrics_declare_the_text_format_version(api):
+    client, _ = api
+    response = await client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+
+
+async def test_openapi_documents_every_body(api):
+    client, _ = api
+    spec = (await client.get("/openapi.json", headers=USER)).json()
+    for method, path in [("post", "/v1/chat/completions"), ("post", "/v1/completions"),
+                         ("post", "/v1/embeddings"), ("post", "/v1/audio/speech"),
+                         ("post", "/v1/images/generations"), ("post", "/api/v1/jobs"),
+                         ("put", "/api/v1/config"), ("post", "/api/v1/leases")]:
+        body = spec["paths"][path][method]["requestBody"]["content"]["application/json"]
+        assert body["schema"], (method, path)
+    chat = spec["components"]["schemas"]["ChatRequest"]
+    assert {"messages", "model", "n", "x_client_id", "x_priority"} <= set(chat["properties"])
 
 
 def test_create_app_reads_the_config_file_named_by_the_environment(tmp_path, monkeypatch):

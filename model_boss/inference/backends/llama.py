@@ -19,6 +19,9 @@ class LlamaServerBackend(HttpWorkerBackend):
     worker's own (alpaca, raw, a Jinja file) is applied here: chat requests are rendered into
     a prompt for ``/v1/completions`` and the answer is turned back into a chat completion."""
 
+    # llama.cpp's server answers one choice per request; more is refused up front (400)
+    choices_per_request = 1
+
     def binary(self) -> str | None:
         configured = self.settings.llama_server_binary
         if not configured:
