@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+
+import psutil
 
 from .catalog import Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
@@ -93,11 +96,13 @@ class Coordinator:
                 log.warning("model '%s' (%s) is unavailable: %s", entry.manifest.id,
                             entry.manifest.source_file, entry.unavailable_reason)
         await self.boss.publish_inventory()
+        await self._release_leases_left_behind()
         await self.runtime.restore()
         self.pool.learned.load()
         self._loops = [
             asyncio.create_task(self.queue.run(), name="queue"),
             asyncio.create_task(self.pool.reaper(), name="reaper"),
+            asyncio.create_task(self.pool.health_monitor(), name="health"),
         ]
         self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
                                                name="metadata"))
@@ -105,6 +110,21 @@ class Coordinator:
             self._preload(model)
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
+
+    async def _release_leases_left_behind(self) -> None:
+        """Leases held by an earlier coordinator on this host that is gone (SIGKILLed): its
+        workers were reaped above, so their VRAM is free now, not only after the lease TTL."""
+        prefix = self.boss.holder.rsplit(":", 1)[0] + ":"
+        released = []
+        for lease in await self.boss.leases():
+            pid = lease.holder[len(prefix):] if lease.holder.startswith(prefix) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+                await self.boss.release(lease.id)
+                released.append(lease.id)
+        if released:
+            log.warning("released %d lease(s) of a coordinator that is gone: %s",
+                        len(released), ", ".join(released))
+            self.events.emit("leases_reclaimed", leases=released)
 
     def _read_metadata(self) -> None:
         """Parse model files' headers once, off the event loop, so estimates are ready."""

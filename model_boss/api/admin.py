@@ -30,6 +30,17 @@ async def status(request: Request) -> dict[str, Any]:
     return await coordinator_of(request).status()
 
 
+@router.get("/api/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    """Every manifest with its slot as it is now (state, tier, lease, placement, requests)."""
+    coord = coordinator_of(request)
+    slots = {slot["model"]: slot for slot in coord.pool.status()}
+    return {"models": [
+        {"id": e.manifest.id, "aliases": list(e.manifest.aliases), "available": e.available,
+         "unavailable_reason": e.unavailable_reason, "slot": slots.get(e.manifest.id)}
+        for e in coord.catalog]}
+
+
 @router.get("/api/v1/models/{model_id:path}/status")
 async def model_status(request: Request, model_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
@@ -42,20 +53,39 @@ async def load_model(request: Request, model_id: str,
                          default=None, ge=0, le=100,
                          description="for eviction decisions; the default priority if unset")
                      ) -> dict[str, Any]:
+    """Load (or onload) a model; joins a load already in flight for it."""
     coord = coordinator_of(request)
     entry = coord.catalog.get_available(model_id)
-    slot = await coord.pool.get_or_load(
+    slot = await coord.pool.ensure_ready(
         entry.manifest.id, coord.settings.default_priority if priority is None else priority)
     coord.queue.wake()
     return slot.to_dict()
 
 
+WAIT_S = Query(default=0.0, ge=0, le=600,
+               description="wait this long for running requests to finish (no new ones are "
+                           "granted meanwhile); 0: answer 409 model_busy at once if busy")
+
+
 @router.post("/api/v1/models/{model_id:path}/unload")
-async def unload_model(request: Request, model_id: str) -> dict[str, Any]:
+async def unload_model(request: Request, model_id: str,
+                       wait_s: float = WAIT_S) -> dict[str, Any]:
+    """Stop a model's worker (disk tier) and release its VRAM lease."""
     coord = coordinator_of(request)
     entry = coord.catalog.get(model_id)
-    unloaded = await coord.pool.unload(entry.manifest.id)
+    unloaded = await coord.pool.unload(entry.manifest.id, wait_s=wait_s)
     return {"model": entry.manifest.id, "unloaded": unloaded}
+
+
+@router.post("/api/v1/models/{model_id:path}/offload")
+async def offload_model(request: Request, model_id: str,
+                        wait_s: float = WAIT_S) -> dict[str, Any]:
+    """Park a model's weights in CPU RAM (its worker stays up, its VRAM lease is released)."""
+    coord = coordinator_of(request)
+    entry = coord.catalog.get_available(model_id)
+    offloaded = await coord.pool.offload(entry.manifest.id, wait_s=wait_s)
+    return {"model": entry.manifest.id, "offloaded": offloaded,
+            "tier": coord.pool.slot(entry.manifest.id).tier}
 
 
 @router.post("/api/v1/models/{model_id:path}/pin")
@@ -70,11 +100,7 @@ async def unpin_model(request: Request, model_id: str) -> dict[str, Any]:
 
 def _set_pin(request: Request, model_id: str, pinned: bool) -> dict[str, Any]:
     coord = coordinator_of(request)
-    slot = coord.pool.slot(coord.catalog.get(model_id).manifest.id)
-    slot.pinned = pinned
-    slot.refresh_unload_at()
-    coord.events.emit("pinned" if pinned else "unpinned", model=slot.model_id)
-    return slot.to_dict()
+    return coord.pool.set_pinned(coord.catalog.get(model_id).manifest.id, pinned).to_dict()
 
 
 @router.get("/api/v1/events", response_class=Response,

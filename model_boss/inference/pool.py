@@ -185,8 +185,6 @@ class ModelPool:
         """The READY slot for ``model_id``; joins a load already in flight."""
         return await self.owner(model_id).ensure_ready(priority)
 
-    get_or_load = ensure_ready
-
     def start_load(self, model_id: str, priority: int) -> asyncio.Task | None:
         """Begin loading ``model_id`` now (synchronously) unless an operation is in flight;
         the load task to watch, or None."""
