@@ -59,3 +59,35 @@ def test_outside_training_lease_and_config_persistence(tmp_path, demo_gguf, redi
         assert again.status()["leases"] == []  # the first run released its leases
     finally:
         again.stop()
+
+
+def test_sigkilled_coordinator_leaves_no_lease_or_worker(tmp_path, demo_gguf, redis_url):
+    """SIGKILL with a model loaded, leases in Redis with a long TTL; the next coordinator on
+    this host reaps the workers and releases the dead one's leases at once, not after the TTL."""
+    import signal
+
+    from tests.conftest import pid_alive
+
+    redis_db = redis_url.rsplit("/", 1)[0] + "/4"
+    config = {"redis_url": redis_db, "lease_ttl_s": 300,
+              "gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}]}
+    manifests = [llama_manifest("smol", demo_gguf, vram_mb=3000)]
+    first = ServerProcess(tmp_path, config, manifests).start()
+    try:
+        assert httpx.post(first.url + "/v1/chat/completions", timeout=60, json={
+            "model": "smol", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        workers = first.worker_pids()
+        assert workers and len(first.status()["leases"]) == 1
+        first.stop(signal.SIGKILL)
+        second = ServerProcess(tmp_path, config, manifests).start()  # same state_dir
+        try:
+            status = second.status()
+            assert status["leases"] == [] and status["gpus"][0]["leased_mb"] == 0
+            assert not [pid for pid in workers if pid_alive(pid)]
+            events = httpx.get(second.url + "/api/v1/events?stream=false").json()["events"]
+            assert any(e["type"] == "leases_reclaimed" for e in events)
+        finally:
+            second.stop()
+    finally:
+        first.stop()
