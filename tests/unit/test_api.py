@@ -301,3 +301,31 @@ def test_create_app_reads_the_config_file_named_by_the_environment(tmp_path, mon
     coord = create_app().state.coordinator
     assert coord.settings.port == 8299 and "from-file" in coord.catalog
     assert coord.settings.state_dir == tmp_path / "state"
+
+
+async def test_admin_models_offload_and_unload_with_wait(api):
+    client, coord = api
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=USER)).status_code == 200
+    listed = (await client.get("/api/v1/models", headers=ADMIN)).json()["models"]
+    by_id = {m["id"]: m for m in listed}
+    assert by_id["a"]["slot"]["state"] == "ready" and by_id["a"]["slot"]["tier"] == "gpu"
+    assert by_id["a"]["aliases"] == ["alias-a"] and by_id["b"]["slot"] is None
+    refused = await client.post("/api/v1/models/a/offload", headers=ADMIN)
+    assert refused.status_code == 400  # the fake backend cannot park weights in RAM
+    assert refused.json()["error"]["code"] == "offload_unsupported"
+    gate = asyncio.Event()
+    coord.pool.slots["a"].backend.gate = gate
+    running = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=USER))
+    await asyncio.sleep(0.05)
+    busy = await client.post("/api/v1/models/a/unload", headers=ADMIN)
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy"
+    assert "retry-after" in busy.headers
+    unload = asyncio.create_task(client.post("/api/v1/models/a/unload?wait_s=5", headers=ADMIN))
+    await asyncio.sleep(0.05)
+    assert coord.pool.slots["a"].state == "draining"
+    gate.set()
+    assert (await running).status_code == 200
+    assert (await unload).json() == {"model": "a", "unloaded": True}
+    assert coord.pool.slots["a"].state == "idle"
+    bad = await client.post("/api/v1/models/a/unload?wait_s=-1", headers=ADMIN)
+    assert bad.status_code == 400
