@@ -61,6 +61,7 @@ def tiny_sd(tmp_path_factory):
     return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
 
 
+@pytest.mark.timeout(DURATION_S + 240)
 def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
     server = make_server(
         {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": GPU_MB}], "vram_margin_mb": MARGIN_MB,
