@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -29,60 +30,81 @@ class RuntimeValues(BaseModel):
 
 
 class RuntimeConfig:
-    """Current values; ``update`` validates a partial body and persists the result."""
+    """Current values; ``update`` validates a partial body, persists it, then applies it.
+
+    With Redis, :meth:`restore` also starts a keeper that, every ``keep_interval_s``, writes
+    the values back if the key is gone (a Redis restart without persistence): the values in
+    effect here stay what they were and other readers see them again.
+    """
 
     def __init__(self, seed: RuntimeValues, *, state_file: Path | None = None,
-                 redis_url: str = "") -> None:
+                 redis_url: str = "", keep_interval_s: float = 5.0) -> None:
         self.values = seed
         self.state_file = state_file
         self.redis_url = redis_url
+        self.keep_interval_s = keep_interval_s
         self._lock = asyncio.Lock()
+        self._restored = False
+        self._keeper: asyncio.Task | None = None
+        self._closing = asyncio.Event()
 
     @property
     def allow_cloud_fallback(self) -> bool:
         return self.values.allow_cloud_fallback
 
+    async def _redis(self, command: str, *args: Any, **options: Any) -> Any:
+        import redis.asyncio as redis
+
+        client = redis.from_url(self.redis_url, socket_connect_timeout=5, socket_timeout=5)
+        try:
+            return await client.execute_command(command, *args, **options)
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"runtime config: Redis unreachable: {exc}",
+                                   retry_after_s=5) from exc
+        finally:
+            await client.aclose()
+
     async def _read(self) -> dict[str, Any] | None:
         if self.redis_url:
-            import redis.asyncio as redis
-
-            client = redis.from_url(self.redis_url)
-            try:
-                raw = await client.get(REDIS_KEY)
-            except redis.RedisError as exc:
-                raise StoreUnavailable(f"runtime config: Redis unreachable: {exc}") from exc
-            finally:
-                await client.aclose()
+            raw = await self._redis("GET", REDIS_KEY)
             return json.loads(raw) if raw else None
         if self.state_file and self.state_file.exists():
             return json.loads(self.state_file.read_text())
         return None
 
-    async def _write(self) -> None:
-        data = json.dumps(self.values.wire())
+    async def _write(self, values: RuntimeValues, *, only_if_missing: bool = False) -> bool:
+        """Persist ``values``; False when ``only_if_missing`` and Redis already has the key."""
+        data = json.dumps(values.wire())
         if self.redis_url:
-            import redis.asyncio as redis
-
-            client = redis.from_url(self.redis_url)
+            extra = ("NX",) if only_if_missing else ()
+            return bool(await self._redis("SET", REDIS_KEY, data, *extra))
+        if self.state_file:
             try:
-                await client.set(REDIS_KEY, data)
-            except redis.RedisError as exc:
-                raise StoreUnavailable(f"runtime config: Redis unreachable: {exc}") from exc
-            finally:
-                await client.aclose()
-        elif self.state_file:
-            self.state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_file.with_suffix(".tmp")
-            tmp.write_text(data)
-            tmp.replace(self.state_file)
+                self.state_file.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.state_file.with_suffix(".tmp")
+                tmp.write_text(data)
+                tmp.replace(self.state_file)
+            except OSError as exc:
+                raise StoreUnavailable(f"runtime config: cannot write {self.state_file}: "
+                                       f"{exc}", retry_after_s=5) from exc
+        return True
 
     async def restore(self) -> None:
-        """Take persisted values over the seed (the seed only fills what was never saved)."""
+        """Take persisted values over the seed (the seed only fills what was never saved).
+
+        With Redis, then keep them there (see the class docstring); :meth:`close` stops that.
+        """
+        await self._restore_once()
+        if self.redis_url and (self._keeper is None or self._keeper.done()):
+            self._keeper = asyncio.create_task(self._keep(), name="runtime-config-keeper")
+
+    async def _restore_once(self) -> None:
         try:
             stored = await self._read()
         except (OSError, ValueError, StoreUnavailable) as exc:
             log.warning("could not read persisted runtime config: %s", exc)
             return
+        self._restored = True
         if stored:
             merged = {**self.values.wire(), **stored}
             try:
@@ -90,7 +112,30 @@ class RuntimeConfig:
             except ValidationError as exc:
                 log.warning("ignoring invalid persisted runtime config: %s", exc)
 
+    async def _keep(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.keep_interval_s)
+                return
+            try:
+                await self.keep_persisted()
+            except Exception as exc:  # the keeper never dies; the next round retries
+                log.warning("runtime config: checking the persisted copy failed: %s", exc)
+
+    async def keep_persisted(self) -> None:
+        """Write the values in effect back to Redis if the key is gone (never overwrites).
+
+        If the startup read failed, the persisted values are read now instead.
+        """
+        async with self._lock:
+            if not self._restored:
+                await self._restore_once()
+            elif await self._write(self.values, only_if_missing=True):
+                log.warning("runtime config was missing from Redis; re-written: %s",
+                            self.values.wire())
+
     async def update(self, patch: Any) -> dict[str, Any]:
+        """Validate, persist, then apply; a failed write changes nothing (StoreUnavailable)."""
         if not isinstance(patch, dict):
             raise BadRequest("config update must be a JSON object")
         async with self._lock:
@@ -100,6 +145,16 @@ class RuntimeConfig:
                 err = exc.errors()[0]
                 field = ".".join(str(p) for p in err["loc"]) or None
                 raise BadRequest(f"{field}: {err['msg']}", param=field) from exc
+            await self._write(updated)
             self.values = updated
-            await self._write()
         return self.values.wire()
+
+    async def close(self) -> None:
+        """Stop the keeper."""
+        if self._keeper is not None:
+            self._closing.set()  # as well as cancel: redis-py can swallow a cancel mid-command
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+            self._closing.clear()

@@ -160,26 +160,58 @@ def redis_server_binary() -> str:
     return REDIS_SERVER_PATH
 
 
+class RedisServer:
+    """A real redis-server on a fixed port with no persistence: a restart loses every key."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        import redis
+
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
+        try:
+            wait_for(lambda: _pings(client), timeout=timeout)
+        finally:
+            client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def restart(self) -> RedisServer:
+        """Stop and start again on the same port: an empty Redis, like a restart in production."""
+        self.stop()
+        return self.start()
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     """A real redis-server on a free port for the whole session."""
-    import redis
-
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
     try:
-        wait_for(lambda: _pings(client), timeout=10)
-        yield url
+        yield server.start().url
     finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory):
+    """A redis-server of this test's own, which the test may stop, start and restart."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-restart"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 def _pings(client) -> bool:

@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
-from ..errors import LeaseNotFound
-from ..gpu import GPUBoss
+from ..errors import LeaseNotFound, LeaseUnavailable
+from ..gpu import GPUBoss, Lease
 
 router = APIRouter()
 
 
-class LeaseRequest(BaseModel):
-    """``POST /api/v1/leases``: ``vram_mb`` (optionally on ``gpu``) or ``allocations``."""
+class LeaseTerms(BaseModel):
+    """What a lease body may say besides where its VRAM is."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(default="external", min_length=1, max_length=64)
     holder: str | None = Field(default=None, max_length=200)
-    vram_mb: int | None = Field(default=None, gt=0)
-    gpu: NonNegativeInt | None = None
-    allocations: dict[NonNegativeInt, PositiveInt] | None = Field(default=None, min_length=1)
     priority: int = Field(default=5, ge=0, le=100)
     ttl_s: float | None = Field(default=None, gt=0, le=3600)
     note: str = Field(default="", max_length=500)
+
+
+class LeaseRequest(LeaseTerms):
+    """``POST /api/v1/leases``: ``vram_mb`` (optionally on ``gpu``) or ``allocations``."""
+
+    vram_mb: int | None = Field(default=None, gt=0)
+    gpu: NonNegativeInt | None = None
+    allocations: dict[NonNegativeInt, PositiveInt] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_shape(self) -> LeaseRequest:
@@ -43,8 +48,21 @@ class RenewRequest(BaseModel):
     ttl_s: float | None = Field(default=None, gt=0, le=3600)
 
 
+class ReassertRequest(LeaseTerms):
+    """``PUT /api/v1/leases/{id}``: the lease as its holder knows it."""
+
+    allocations: dict[NonNegativeInt, PositiveInt] = Field(min_length=1)
+
+
+LeaseId = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=100)]
+
+
 def boss_of(request: Request) -> GPUBoss:
     return request.app.state.boss
+
+
+def holder_of(request: Request, body: LeaseTerms) -> str:
+    return body.holder or f"http:{request.client.host if request.client else '?'}"
 
 
 @router.get("/api/v1/leases")
@@ -61,9 +79,26 @@ async def acquire_lease(request: Request, body: LeaseRequest) -> JSONResponse:
     lease = await boss.acquire(
         kind=body.kind, allocations=body.allocations, vram_mb=body.vram_mb, gpu=body.gpu,
         priority=body.priority, ttl_s=body.ttl_s,
-        holder=body.holder or f"http:{request.client.host if request.client else '?'}",
-        note=body.note, heartbeat=False)
+        holder=holder_of(request, body), note=body.note, heartbeat=False)
     return JSONResponse(lease.to_dict(), status_code=201)
+
+
+@router.put("/api/v1/leases/{lease_id}")
+async def reassert_lease(request: Request, lease_id: LeaseId,
+                         body: ReassertRequest) -> dict[str, Any]:
+    """Put back, under its own id, a lease the store lost (a Redis restart), if it still fits.
+
+    A holder's heartbeat calls this when ``/renew`` answers 404; 503 ``lease_unavailable``
+    means the VRAM was taken meanwhile and the holder must treat the lease as lost.
+    """
+    boss = boss_of(request)
+    lease = Lease(id=lease_id, holder=holder_of(request, body), kind=body.kind,
+                  allocations=dict(body.allocations), priority=body.priority,
+                  ttl_s=body.ttl_s or boss.ttl_s, note=body.note)
+    if not await boss.reassert(lease):
+        raise LeaseUnavailable(f"lease {lease_id} no longer fits: its VRAM was taken",
+                               retry_after_s=5)
+    return lease.to_dict()
 
 
 @router.post("/api/v1/leases/{lease_id}/renew")

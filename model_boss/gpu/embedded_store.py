@@ -26,6 +26,8 @@ class EmbeddedLeaseStore:
             self._reap(now)
             used: dict[int, int] = {}
             for held in self._leases.values():
+                if held.id == lease.id:  # a re-asserted lease replaces itself
+                    continue
                 for gpu, mb in held.allocations.items():
                     used[gpu] = used.get(gpu, 0) + mb
             for gpu in sorted(lease.allocations):
@@ -36,6 +38,10 @@ class EmbeddedLeaseStore:
             lease.expires_at = now + lease.ttl_s
             self._leases[lease.id] = lease
             return True
+
+    async def reassert(self, lease: Lease, limits: dict[int, int]) -> bool:
+        """``acquire`` under the lease's own id (see :meth:`LeaseStore.reassert`)."""
+        return await self.acquire(lease, limits)
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease | None:
         async with self._lock:

@@ -79,17 +79,33 @@ class HttpLeaseStore:
             raise StoreUnavailable(f"lease API at {self.base_url} answered non-JSON: "
                                    f"{response.text[:200]}") from exc
 
+    def _refused(self, response: httpx.Response) -> bool:
+        """The daemon says the lease does not fit (503 ``lease_unavailable``)."""
+        return response.status_code == 503 \
+            and isinstance(self._error(response), LeaseUnavailable)
+
+    @staticmethod
+    def _terms(lease: Lease) -> dict[str, Any]:
+        return {"kind": lease.kind, "holder": lease.holder, "priority": lease.priority,
+                "allocations": {str(k): v for k, v in lease.allocations.items()},
+                "ttl_s": lease.ttl_s, "note": lease.note}
+
     async def acquire(self, lease: Lease, limits: dict[int, int]) -> bool:
         """POST the lease; the daemon checks its own limits (``limits`` is not sent)."""
-        response = await self._call("POST", "/api/v1/leases", {
-            "kind": lease.kind, "holder": lease.holder, "priority": lease.priority,
-            "allocations": {str(k): v for k, v in lease.allocations.items()},
-            "ttl_s": lease.ttl_s, "note": lease.note})
-        if response.status_code == 503 and isinstance(self._error(response), LeaseUnavailable):
+        response = await self._call("POST", "/api/v1/leases", self._terms(lease))
+        if self._refused(response):
             return False
         granted = Lease.from_dict(self._json(response))
         lease.id, lease.expires_at = granted.id, granted.expires_at
         lease.created_at = granted.created_at
+        return True
+
+    async def reassert(self, lease: Lease, limits: dict[int, int]) -> bool:
+        """PUT the lease under its own id; the daemon checks its own limits."""
+        response = await self._call("PUT", f"/api/v1/leases/{lease.id}", self._terms(lease))
+        if self._refused(response):
+            return False
+        lease.expires_at = Lease.from_dict(self._json(response)).expires_at
         return True
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease | None:

@@ -67,6 +67,14 @@ class LeaseStore(Protocol):
 
     async def acquire(self, lease: Lease, limits: dict[int, int]) -> bool: ...
 
+    async def reassert(self, lease: Lease, limits: dict[int, int]) -> bool:
+        """Put back a lease the store lost (a Redis restart), under its own id.
+
+        The same atomic check as ``acquire``: written, with a fresh expiry, only if it fits
+        beside the live leases; a live lease with the same id is replaced, not counted twice.
+        """
+        ...
+
     async def renew(self, lease_id: str, ttl_s: float) -> Lease | None: ...
 
     async def release(self, lease_id: str) -> bool: ...

@@ -11,6 +11,8 @@ import json
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from ..errors import StoreUnavailable
 from .lease import Lease
@@ -37,14 +39,17 @@ end
 
 # KEYS[1] leases hash; ARGV: lease JSON, limits JSON ({"gpu": MB}), ttl_s.
 # Returns {1, expires_at} when granted, {0, reason} (nothing written) when not.
+# Also the re-assert of a lost lease: a live lease with the same id is replaced, not counted.
 ACQUIRE = _REAP + """
+local lease = cjson.decode(ARGV[1])
 local used = {}
 for _, other in ipairs(held) do
-  for gpu, mb in pairs(other.allocations) do
-    used[gpu] = (used[gpu] or 0) + tonumber(mb)
+  if other.id ~= lease.id then
+    for gpu, mb in pairs(other.allocations) do
+      used[gpu] = (used[gpu] or 0) + tonumber(mb)
+    end
   end
 end
-local lease = cjson.decode(ARGV[1])
 local limits = cjson.decode(ARGV[2])
 local order = {}
 for gpu in pairs(lease.allocations) do table.insert(order, gpu) end
@@ -104,8 +109,11 @@ class RedisLeaseStore:
                  timeout_s: float = 10.0) -> None:
         self.url = url
         self.prefix = prefix
-        self._redis = redis.from_url(url, socket_connect_timeout=timeout_s,
-                                     socket_timeout=timeout_s)
+        # A pooled connection a Redis restart closed is reconnected once, at once: scripts
+        # are idempotent for a given lease id, and a closed connection ran nothing.
+        self._redis = redis.from_url(
+            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
         self._acquire = self._redis.register_script(ACQUIRE)
         self._renew = self._redis.register_script(RENEW)
         self._live = self._redis.register_script(LIVE)
@@ -138,6 +146,10 @@ class RedisLeaseStore:
             return False
         lease.expires_at = float(value)
         return True
+
+    async def reassert(self, lease: Lease, limits: dict[int, int]) -> bool:
+        """The acquire script under the lease's own id (see :meth:`LeaseStore.reassert`)."""
+        return await self.acquire(lease, limits)
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease | None:
         try:

@@ -96,3 +96,31 @@ async def test_inventory_round_trip(store):
     gpus = [{"index": 0, "name": "sim", "vram_mb": 2_512, "source": "declared"}]
     await store.publish_inventory(gpus)
     assert await store.inventory() == gpus
+
+
+async def test_reassert_puts_a_lost_lease_back_under_its_own_id(store):
+    kept = Lease(id=new_lease_id(), holder="host-a:1", kind="inference",
+                 allocations={0: 1_200, 1: 300}, priority=2, ttl_s=20, note="m")
+    assert await store.acquire(kept, LIMITS)
+    assert await store.release(kept.id)  # the store lost it (Redis restarted)
+    assert await store.reassert(kept, LIMITS)
+    [back] = await store.list()
+    assert (back.id, back.holder, back.kind, back.allocations, back.priority, back.ttl_s,
+            back.note) == (kept.id, "host-a:1", "inference", {0: 1_200, 1: 300}, 2, 20, "m")
+    assert back.expires_at == pytest.approx(kept.expires_at, abs=1e-3)
+    assert kept.expires_at > time.time() + 19
+    assert await store.renew(kept.id, 20) is not None
+    assert await store.reassert(kept, LIMITS)  # already there: replaced, not counted twice
+    assert await leased(store) == {0: 1_200, 1: 300}
+
+
+async def test_reassert_is_refused_when_the_vram_was_taken(store):
+    lost = lease({0: 1_500, 1: 100})
+    assert await store.acquire(lost, LIMITS)
+    assert await store.release(lost.id)
+    taken = lease({0: 1_000})
+    assert await store.acquire(taken, LIMITS)
+    assert not await store.reassert(lost, LIMITS)  # GPU 0 would hold 2 500 of 2 000 MB
+    assert [held.id for held in await store.list()] == [taken.id]
+    assert await leased(store) == {0: 1_000, 1: 0}
+    assert not await store.reassert(lease({7: 1}), LIMITS)  # no such GPU

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_boss.errors import BadRequest
+from model_boss.errors import BadRequest, StoreUnavailable
 from model_boss.runtime_config import RuntimeConfig, RuntimeValues
 
 
@@ -28,3 +28,12 @@ async def test_seed_applies_when_nothing_persisted(tmp_path):
                            state_file=tmp_path / "none.json")
     await config.restore()
     assert config.allow_cloud_fallback is False
+
+
+async def test_failed_write_changes_nothing(tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    config = RuntimeConfig(RuntimeValues(), state_file=tmp_path / "not-a-dir" / "config.json")
+    with pytest.raises(StoreUnavailable) as failed:
+        await config.update({"allowCloudFallback": False})
+    assert failed.value.status_code == 503 and failed.value.headers() == {"Retry-After": "5"}
+    assert config.allow_cloud_fallback is True
