@@ -168,6 +168,7 @@ class Coordinator:
         await self.pool.shutdown()
         self.pool.learned.flush()
         self.queue.request_log.close()
+        await self.runtime.close()
         await self.boss.close(release_held=True)
         self.events.emit("stopped")
 
