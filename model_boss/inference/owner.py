@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError
 from ..gpu.lease import Lease
-from ..gpu.placement import Placement
 from .backend import InferenceBackend
-from .process import free_port
+from .loading import SlotLoad
 from .slot import WITH_WORKER, ModelSlot, SlotState
 
 if TYPE_CHECKING:
@@ -133,7 +132,7 @@ class SlotOwner:
             return self._op if self._op_kind == "load" else None
         if self.slot.state not in (S.IDLE, S.OFFLOADED):
             return None
-        return self._begin("load", self._load(priority))
+        return self._begin("load", SlotLoad(self, priority).run())
 
     async def evict(self, reason: str) -> bool:
         """Free this slot's VRAM for another model, if it is idle right now: park it in CPU RAM
@@ -216,90 +215,6 @@ class SlotOwner:
             log.log(logging.DEBUG if isinstance(exc, CapacityExceeded) else logging.INFO,
                     "%s of %s failed: %s", self._op_kind, self.model_id, exc)
         self.pool.on_change()
-
-    async def _load(self, priority: int) -> None:
-        s = self.slot
-        entry = self.pool.catalog.get_available(self.model_id)
-        s.estimate = self.pool.estimate(entry)
-        lease, placement = await self.pool.make_room(self, priority)
-        if s.state == S.OFFLOADED:  # the worker may have died meanwhile: then a cold load
-            await self._onload(lease, placement, priority)
-        else:
-            await self._cold_start(lease, placement, priority)
-
-    async def _cold_start(self, lease: Lease | None, placement: Placement | None,
-                          priority: int) -> None:
-        s = self.slot
-        s.lease, s.placement = lease, placement
-        s.transition(S.LOADING, f"load on GPUs {placement.gpus}" if placement else "load")
-        started = time.monotonic()
-        self.pool.events.emit("load_started", model=self.model_id,
-                              gpus=placement.gpus if placement else [],
-                              vram_mb=s.estimate.mb if s.estimate else 0,
-                              rung=s.estimate.rung if s.estimate else "")
-        backend: InferenceBackend | None = None
-        try:
-            backend = self.pool.backend_factory(s.entry, self.pool.settings)
-            backend.on_exit = lambda code, b=backend: self.worker_exited(b, code)
-            s.backend, s.port = backend, free_port()
-            await backend.start(s.port, placement)
-            self._check_still_mine(lease, backend)
-        except BaseException as exc:
-            await self._abandon_load(backend, lease, exc)
-            if isinstance(exc, ModelBossError) or not isinstance(exc, Exception):
-                raise
-            raise LoadFailed(f"loading '{self.model_id}' failed: {exc}") from exc
-        s.last_load_s = round(time.monotonic() - started, 3)
-        self.pool.learned.observe_load(self.model_id, s.last_load_s)
-        s.loads += 1
-        s.loaded_at = time.time()
-        s.last_error = None
-        s.transition(S.READY, f"loaded in {s.last_load_s}s")
-        s.touch(priority)
-        self.pool.events.emit("loaded", model=self.model_id, seconds=s.last_load_s,
-                              pid=backend.pid, port=s.port)
-        self.pool.spawn(self.pool.learn_footprint(s, backend))
-
-    async def _onload(self, lease: Lease | None, placement: Placement | None,
-                      priority: int) -> None:
-        """OFFLOADED → READY in the same worker process."""
-        s = self.slot
-        backend = s.backend
-        assert backend is not None
-        s.lease, s.placement = lease, placement
-        s.transition(S.LOADING, "onload from CPU RAM")
-        started = time.monotonic()
-        try:
-            report = await backend.onload()
-            self._check_still_mine(lease, backend)
-        except BaseException as exc:
-            self.pool.events.emit("onload_failed", model=self.model_id, error=str(exc))
-            await self._abandon_load(backend, lease, exc)
-            raise
-        s.ram_reserved_mb = 0
-        s.last_onload_s = round(time.monotonic() - started, 3)
-        s.transition(S.READY, f"onloaded in {s.last_onload_s}s")
-        s.touch(priority)
-        self.pool.events.emit("onloaded", model=self.model_id, seconds=s.last_onload_s,
-                              worker_seconds=report.get("seconds"))
-
-    def _check_still_mine(self, lease: Lease | None, backend: InferenceBackend) -> None:
-        if lease is not None and self.slot.lease is not lease:
-            raise LoadFailed(f"'{self.model_id}' lost its VRAM lease while loading",
-                             retry_after_s=2)
-        if not backend.alive:
-            raise LoadFailed(f"worker for '{self.model_id}' died right after loading",
-                             retry_after_s=2)
-
-    async def _abandon_load(self, backend: InferenceBackend | None, lease: Lease | None,
-                            exc: BaseException) -> None:
-        """A load failed: stop its worker (if any), release its lease, back to IDLE."""
-        s = self.slot
-        s.last_error = str(exc) or type(exc).__name__
-        if s.state == S.LOADING:
-            s.transition(S.STOPPING, "load failed")
-        s.backend, s.lease = backend, lease  # whatever the load had, _stop takes it all back
-        await self._stop("load failed", event="load_failed")
 
     async def _retire(self, target: SlotState, reason: str, wait_s: float, wait_for_op: bool,
                       only_if: Callable[[ModelSlot], bool] | None) -> bool:

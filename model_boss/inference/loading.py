@@ -1,0 +1,115 @@
+"""SlotLoad: one load of a slot, run as its owner's operation.
+
+Room first (the pool carries out the planner's plan and hands back a lease), then either a cold
+start of a new worker or an onload of the parked one; READY only if the lease is still the
+slot's and the worker still alive. A failure stops whatever was started and releases the lease.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import LoadFailed, ModelBossError
+from ..gpu.lease import Lease
+from ..gpu.placement import Placement
+from .backend import InferenceBackend
+from .process import free_port
+from .slot import SlotState
+
+if TYPE_CHECKING:
+    from .owner import SlotOwner
+
+S = SlotState
+
+
+class SlotLoad:
+    """Makes ``owner``'s slot READY for a request of ``priority``; only its owner runs it."""
+
+    def __init__(self, owner: SlotOwner, priority: int) -> None:
+        self.owner = owner
+        self.priority = priority
+
+    async def run(self) -> None:
+        s, priority = self.owner.slot, self.priority
+        entry = self.owner.pool.catalog.get_available(self.owner.model_id)
+        s.estimate = self.owner.pool.estimate(entry)
+        lease, placement = await self.owner.pool.make_room(self.owner, priority)
+        if s.state == S.OFFLOADED:  # the worker may have died meanwhile: then a cold load
+            await self._onload(lease, placement, priority)
+        else:
+            await self._cold_start(lease, placement, priority)
+
+    async def _cold_start(self, lease: Lease | None, placement: Placement | None,
+                          priority: int) -> None:
+        s = self.owner.slot
+        s.lease, s.placement = lease, placement
+        s.transition(S.LOADING, f"load on GPUs {placement.gpus}" if placement else "load")
+        started = time.monotonic()
+        self.owner.pool.events.emit("load_started", model=self.owner.model_id,
+                              gpus=placement.gpus if placement else [],
+                              vram_mb=s.estimate.mb if s.estimate else 0,
+                              rung=s.estimate.rung if s.estimate else "")
+        backend: InferenceBackend | None = None
+        try:
+            backend = self.owner.pool.backend_factory(s.entry, self.owner.pool.settings)
+            backend.on_exit = lambda code, b=backend: self.owner.worker_exited(b, code)
+            s.backend, s.port = backend, free_port()
+            await backend.start(s.port, placement)
+            self._check_still_mine(lease, backend)
+        except BaseException as exc:
+            await self._abandon_load(backend, lease, exc)
+            if isinstance(exc, ModelBossError) or not isinstance(exc, Exception):
+                raise
+            raise LoadFailed(f"loading '{self.owner.model_id}' failed: {exc}") from exc
+        s.last_load_s = round(time.monotonic() - started, 3)
+        self.owner.pool.learned.observe_load(self.owner.model_id, s.last_load_s)
+        s.loads += 1
+        s.loaded_at = time.time()
+        s.last_error = None
+        s.transition(S.READY, f"loaded in {s.last_load_s}s")
+        s.touch(priority)
+        self.owner.pool.events.emit("loaded", model=self.owner.model_id, seconds=s.last_load_s,
+                              pid=backend.pid, port=s.port)
+        self.owner.pool.spawn(self.owner.pool.learn_footprint(s, backend))
+
+    async def _onload(self, lease: Lease | None, placement: Placement | None,
+                      priority: int) -> None:
+        """OFFLOADED → READY in the same worker process."""
+        s = self.owner.slot
+        backend = s.backend
+        assert backend is not None
+        s.lease, s.placement = lease, placement
+        s.transition(S.LOADING, "onload from CPU RAM")
+        started = time.monotonic()
+        try:
+            report = await backend.onload()
+            self._check_still_mine(lease, backend)
+        except BaseException as exc:
+            self.owner.pool.events.emit("onload_failed", model=self.owner.model_id, error=str(exc))
+            await self._abandon_load(backend, lease, exc)
+            raise
+        s.ram_reserved_mb = 0
+        s.last_onload_s = round(time.monotonic() - started, 3)
+        s.transition(S.READY, f"onloaded in {s.last_onload_s}s")
+        s.touch(priority)
+        self.owner.pool.events.emit("onloaded", model=self.owner.model_id, seconds=s.last_onload_s,
+                              worker_seconds=report.get("seconds"))
+
+    def _check_still_mine(self, lease: Lease | None, backend: InferenceBackend) -> None:
+        if lease is not None and self.owner.slot.lease is not lease:
+            raise LoadFailed(f"'{self.owner.model_id}' lost its VRAM lease while loading",
+                             retry_after_s=2)
+        if not backend.alive:
+            raise LoadFailed(f"worker for '{self.owner.model_id}' died right after loading",
+                             retry_after_s=2)
+
+    async def _abandon_load(self, backend: InferenceBackend | None, lease: Lease | None,
+                            exc: BaseException) -> None:
+        """A load failed: stop its worker (if any), release its lease, back to IDLE."""
+        s = self.owner.slot
+        s.last_error = str(exc) or type(exc).__name__
+        if s.state == S.LOADING:
+            s.transition(S.STOPPING, "load failed")
+        s.backend, s.lease = backend, lease  # whatever the load had, _stop takes it all back
+        await self.owner._stop("load failed", event="load_failed")
