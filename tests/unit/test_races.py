@@ -75,10 +75,10 @@ async def test_eviction_offload_vs_grant(two_models):
     gates.hold("offload")
     for_q = asyncio.create_task(acquire(coord, "q"))
     await gates.reached("offload")
-    assert coord.pool.slots["p"].state == S.OFFLOADING
     for_p = asyncio.create_task(acquire(coord, "p"))
     await asyncio.sleep(0.05)
-    assert not for_p.done()
+    assert not for_p.done(), "granted on a slot whose weights are leaving the GPU"
+    assert coord.pool.slots["p"].state == S.OFFLOADING
     gates.open("offload")
     ticket_q = await asyncio.wait_for(for_q, 2)
     assert coord.pool.slots["p"].state == S.OFFLOADED and coord.pool.slots["p"].lease is None
@@ -254,3 +254,30 @@ async def test_unhealthy_worker_is_taken_out_of_ready(two_models):
     ticket = await asyncio.wait_for(acquire(coord, "q"), 2)  # reloaded on a fresh worker
     assert steps(log, "start", "q") == 2
     ticket.release()
+
+
+async def test_admin_load_over_http_joins_a_request_load(tmp_path):
+    """POST /api/v1/models/{id}/load while a request loads the same model: one load, 200."""
+    import httpx
+
+    from model_boss.api.app import create_app
+
+    coord, gates, log = gated_coordinator(tmp_path, [manifest("q")])
+    app = create_app(coordinator=coord)
+    await coord.start()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+            gates.hold("start")
+            chat = asyncio.create_task(client.post("/v1/chat/completions", json={
+                "model": "q", "messages": [{"role": "user", "content": "hi"}]}))
+            await gates.reached("start")
+            admin = asyncio.create_task(client.post("/api/v1/models/q/load"))
+            await asyncio.sleep(0.05)
+            gates.open("start")
+            loaded, answered = await asyncio.wait_for(asyncio.gather(admin, chat), 5)
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["state"] == "ready" and answered.status_code == 200
+        assert steps(log, "start", "q") == 1
+    finally:
+        await coord.stop()
