@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)
     llama_server_binary: str | None = None
+    # manifests without ``worker``: native | binary | llama-cpp-python; unset → binary when
+    # llama_server_binary is set, else native
+    llama_worker: Literal["native", "binary", "llama-cpp-python"] | None = None
     api_key: str | None = None
     admin_api_key: str | None = None
     allow_cloud_fallback: bool = True

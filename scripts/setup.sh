@@ -9,6 +9,6 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip wheel
-# llama-cpp-python compiles llama.cpp the first time (several minutes); pip caches the wheel.
+# Prebuilt wheels only (llama.cpp comes as xllamacpp); the optional llama-cpp-python extra compiles.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"
 .venv/bin/python scripts/fetch_demo_model.py

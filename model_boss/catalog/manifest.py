@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -28,6 +28,19 @@ class BackendKind(StrEnum):
     COMMAND = "command"
 
 
+class LlamaWorker(StrEnum):
+    """How a ``llama-server`` backend model is run."""
+
+    NATIVE = "native"  # python -m workers.llama: llama.cpp's server through xllamacpp
+    BINARY = "binary"  # an external llama-server (settings.llama_server_binary, else PATH)
+    LLAMA_CPP_PYTHON = "llama-cpp-python"  # python -m llama_cpp.server (optional extra)
+
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+KV_CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
+                  "q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
+
+
 class ModelManifest(BaseModel):
     """What model-boss needs to serve one model. Worker arguments come only from here."""
 
@@ -44,12 +57,19 @@ class ModelManifest(BaseModel):
     priority: int | None = Field(default=None, ge=0, le=100)
     chat_template: str | None = None
     thinking: bool | None = None
-    ctx_size: int = Field(default=2048, ge=64)
+    # llama-server: each field is one server flag (docs/CONFIGURATION.md)
+    worker: LlamaWorker | None = None  # None: settings.llama_worker
+    ctx_size: int = Field(default=2048, ge=64)  # KV cache tokens, shared by the parallel slots
     gpu_layers: int | str = "auto"
     allow_partial: bool = False
     min_gpu_layers: int = Field(default=0, ge=0)
+    main_gpu: int | None = Field(default=None, ge=0)
     parallel: int | None = Field(default=None, ge=1, le=1024)
-    flash_attn: bool = False
+    flash_attn: bool | Literal["auto", "on", "off"] = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    embeddings: bool = False
+    reranking: bool = False
     threads: int | None = Field(default=None, ge=1)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -75,6 +95,20 @@ class ModelManifest(BaseModel):
         if isinstance(value, int) and value < -1:
             raise ValueError("must be >= -1 (-1 = all layers)")
         return value
+
+    @field_validator("cache_type_k", "cache_type_v")
+    @classmethod
+    def _cache_type(cls, value: str) -> str:
+        if value not in KV_CACHE_TYPES:
+            raise ValueError(f"must be one of {list(KV_CACHE_TYPES)}")
+        return value
+
+    @property
+    def flash_attention(self) -> str:
+        """``flash_attn`` as llama-server's ``on`` / ``off`` / ``auto``."""
+        if isinstance(self.flash_attn, bool):
+            return "on" if self.flash_attn else "off"
+        return self.flash_attn
 
     @field_validator("offload")
     @classmethod

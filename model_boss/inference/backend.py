@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,11 +71,14 @@ class HttpWorkerBackend:
     """A worker that is a local HTTP server we spawn: start, health-poll, proxy, stop.
 
     Subclasses say how to build the command line (:meth:`argv`) and where health lives.
+    A worker that names ``secret_env`` is started with a fresh random secret in that variable
+    (never in argv, which ``ps`` shows) and every call to it carries ``Authorization: Bearer``.
     """
 
     needs_vram = True
     can_offload = False
     health_path = "/health"
+    secret_env: str | None = None  # the variable the worker reads its API key from
 
     def __init__(self, entry: CatalogEntry, settings: Settings) -> None:
         self.entry = entry
@@ -85,6 +89,8 @@ class HttpWorkerBackend:
         self.on_exit: Callable[[int], None] | None = None
         self._client: httpx.AsyncClient | None = None
         self._upstream: UpstreamClient | None = None
+        self.secret: str | None = None
+        self._headers: dict[str, str] = dict(_JSON)
 
     @property
     def pid(self) -> int | None:
@@ -105,10 +111,18 @@ class HttpWorkerBackend:
         env.update(self.manifest.env)
         env["CUDA_VISIBLE_DEVICES"] = placement.cuda_visible_devices if placement else ""
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.secret_env and self.secret:
+            env[self.secret_env] = self.secret
         return env
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
 
     async def start(self, port: int, placement: Placement | None) -> None:
         self.port = port
+        # one secret per worker start, known only to this backend and the worker
+        self.secret = secrets.token_urlsafe(32) if self.secret_env else None
+        self._headers = {**_JSON, **self._auth()}
         state = self.settings.state_path
         self.process = WorkerProcess(
             self.manifest.id, self.argv(port, placement), env=self.environment(placement),
@@ -116,7 +130,7 @@ class HttpWorkerBackend:
         )
         self.process.on_exit = self._exited
         self._client = httpx.AsyncClient(  # control calls: health, offload, reports
-            base_url=f"http://127.0.0.1:{port}",
+            base_url=f"http://127.0.0.1:{port}", headers=self._auth(),
             timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
         self._upstream = UpstreamClient(f"http://127.0.0.1:{port}",  # the request data path
                                         timeout_s=self.settings.request_timeout_s,
@@ -190,8 +204,8 @@ class HttpWorkerBackend:
         if self._upstream is None:
             raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
         content = orjson.dumps(body) if body is not None else b""
-        return await forward(self._upstream, path, content, _JSON, stream, self.manifest.id,
-                             self.crashed)
+        return await forward(self._upstream, path, content, self._headers, stream,
+                             self.manifest.id, self.crashed)
 
     async def offload(self) -> dict[str, Any]:
         raise ModelBossError(f"'{self.manifest.id}' cannot be offloaded to CPU RAM",

@@ -1,38 +1,46 @@
-"""LlamaServerBackend: the llama.cpp server, as a ``llama-server`` binary or llama-cpp-python."""
+"""LlamaServerBackend: a GGUF model behind llama.cpp's server, in one of three worker kinds.
+
+``native`` (the default) runs ``python -m workers.llama``: llama.cpp's own HTTP server
+in-process through the ``xllamacpp`` wheel. ``binary`` runs an external ``llama-server`` (a
+CUDA / ROCm build) with the same flags. ``llama-cpp-python`` runs ``python -m
+llama_cpp.server`` (``llama_cpp_python.py``; an optional extra). The manifest's ``worker``
+picks one, else ``settings.llama_worker``, else ``binary`` when ``llama_server_binary`` is
+set and ``native`` otherwise.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from ...catalog import CatalogEntry
+from ...catalog.manifest import LlamaWorker, ModelManifest
+from ...errors import LoadFailed
 from ...gpu.placement import Placement
+from ...settings import Settings
 from ..backend import HttpWorkerBackend, UpstreamResponse
-from .chat_templates import as_chat, completion_request, uses_prompt_template
+from .chat_templates import as_chat, completion_request
+from .llama_report import server_report
+
+ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
+MODEL_SIDE_TEMPLATES = ("alpaca", "raw")  # rendered here: llama.cpp has no such template
+_REPO_ROOT = Path(__file__).resolve().parents[3]  # where the ``workers`` package lives
 
 
 class LlamaServerBackend(HttpWorkerBackend):
-    """Runs ``llama-server`` when configured (or on PATH and asked for), else
-    ``python -m llama_cpp.server``; context size, GPU layers, tensor split and parallel slots
-    come from the manifest and the placement. A manifest ``chat_template`` other than the
-    worker's own (alpaca, raw, a Jinja file) is applied here: chat requests are rendered into
-    a prompt for ``/v1/completions`` and the answer is turned back into a chat completion."""
+    """What every llama worker kind shares: GPU layers and split from the placement, the
+    prompt templates rendered here (chat → ``/v1/completions`` → chat), and reports."""
 
     # llama.cpp's server answers one choice per request; more is refused up front (400)
     choices_per_request = 1
-
-    def binary(self) -> str | None:
-        configured = self.settings.llama_server_binary
-        if not configured:
-            return None
-        return shutil.which(configured) or configured
-
-    @property
-    def health_path(self) -> str:  # type: ignore[override]
-        return "/health" if self.binary() else "/v1/models"
+    health_path = "/health"
 
     def gpu_layers(self, placement: Placement | None) -> int:
+        """Layers on the GPU: 0 without one, the pool's count for a partial offload, else the
+        manifest's (``auto`` = all, -1)."""
         if placement is None or not placement.gpus:
             return 0
         if placement.gpu_layers is not None:
@@ -40,41 +48,144 @@ class LlamaServerBackend(HttpWorkerBackend):
         layers = self.manifest.gpu_layers
         return -1 if layers == "auto" else int(layers)
 
-    def argv(self, port: int, placement: Placement | None) -> list[str]:
-        m = self.manifest
-        model = str(self.entry.path)
-        layers = self.gpu_layers(placement)
-        split = list(placement.tensor_split) if placement and placement.kind == "split" else []
-        binary = self.binary()
-        if binary:
-            argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                    "-c", str(m.ctx_size), "-ngl", str(999 if layers < 0 else layers),
-                    "--parallel", str(m.concurrency)]
-            if split:
-                argv += ["--tensor-split", ",".join(f"{r:g}" for r in split)]
-            if m.flash_attn:
-                argv += ["-fa", "on"]
-            if m.threads:
-                argv += ["-t", str(m.threads)]
-        else:
-            argv = [sys.executable, "-m", "llama_cpp.server", "--model", model,
-                    "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(m.ctx_size),
-                    "--n_gpu_layers", str(layers), "--interrupt_requests", "False",
-                    "--model_alias", m.id]
-            if split:
-                argv += ["--tensor_split", *[f"{r:g}" for r in split]]
-            if m.flash_attn:
-                argv += ["--flash_attn", "True"]
-            if m.threads:
-                argv += ["--n_threads", str(m.threads)]
-        return argv + list(m.args)
+    @staticmethod
+    def tensor_split(placement: Placement | None) -> list[float]:
+        return list(placement.tensor_split) if placement and placement.kind == "split" else []
+
+    def renders_template(self) -> bool:
+        """Whether chat requests are rendered into a prompt here rather than by the worker."""
+        return self.manifest.chat_template in MODEL_SIDE_TEMPLATES
 
     async def handle_request(self, endpoint: str, body: dict[str, Any],
                              stream: bool) -> UpstreamResponse:
-        template = self.manifest.chat_template
-        if endpoint != "/v1/chat/completions" or not uses_prompt_template(template):
+        if endpoint != "/v1/chat/completions" or not self.renders_template():
             return await super().handle_request(endpoint, body, stream)
         source = self.manifest.source_file
-        completion = completion_request(body, template or "",
+        completion = completion_request(body, self.manifest.chat_template or "",
                                         Path(source).parent if source else None)
         return as_chat(await super().handle_request("/v1/completions", completion, stream))
+
+    async def report(self) -> dict[str, Any]:
+        """The server's own ``/props``, ``/slots`` and ``/metrics``, and the process's RSS."""
+        if self._client is None:
+            return {}
+        return await server_report(self._client, self.pid)
+
+
+class LlamaCppServerBackend(LlamaServerBackend):
+    """llama.cpp's own server (native or binary): one flag per manifest field, the API key in
+    ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in."""
+
+    secret_env = "LLAMA_API_KEY"
+
+    def server_flags(self, port: int, placement: Placement | None) -> list[str]:
+        """``llama-server``'s flags for this manifest and placement."""
+        m = self.manifest
+        layers = self.gpu_layers(placement)
+        flags = ["--model", str(self.entry.path), "--host", "127.0.0.1", "--port", str(port),
+                 "--ctx-size", str(m.ctx_size),
+                 "--n-gpu-layers", str(ALL_LAYERS if layers < 0 else layers),
+                 "--parallel", str(m.concurrency), "--alias", m.id, "--metrics"]
+        split = self.tensor_split(placement)
+        if split:
+            flags += ["--tensor-split", ",".join(f"{r:g}" for r in split)]
+        if m.main_gpu is not None:
+            flags += ["--main-gpu", str(m.main_gpu)]
+        if m.threads:
+            flags += ["--threads", str(m.threads)]
+        if m.flash_attention != "auto":
+            flags += ["--flash-attn", m.flash_attention]
+        if m.cache_type_k != "f16":
+            flags += ["--cache-type-k", m.cache_type_k]
+        if m.cache_type_v != "f16":
+            flags += ["--cache-type-v", m.cache_type_v]
+        flags += self.template_flags()
+        if m.embeddings:
+            flags.append("--embeddings")
+        if m.reranking:
+            flags.append("--reranking")
+        return flags
+
+    def template_flags(self) -> list[str]:
+        """A template name → ``--chat-template``; a Jinja file (relative to the manifest) →
+        ``--chat-template-file``; unset or ``native`` → the GGUF's own."""
+        template = self.manifest.chat_template
+        if not template or template == "native" or self.renders_template():
+            return []
+        path = template_file(self.manifest)
+        if path is not None:
+            return ["--chat-template-file", str(path)]
+        return ["--chat-template", template]
+
+
+class NativeLlamaBackend(LlamaCppServerBackend):
+    """``python -m workers.llama``: llama.cpp's server in-process through ``xllamacpp``."""
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        try:
+            import xllamacpp  # noqa: F401  (only to fail here, with a clear message)
+        except ImportError as exc:
+            raise LoadFailed("the native llama worker needs the 'xllamacpp' package "
+                             "(pip install -e '.[llama]')") from exc
+        return [sys.executable, "-m", "workers.llama", *self.server_flags(port, placement),
+                "--parent-pid", str(os.getpid()), *self.manifest.args]
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = super().environment(placement)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+        return env
+
+
+class BinaryLlamaBackend(LlamaCppServerBackend):
+    """An external ``llama-server`` (``settings.llama_server_binary``, else from PATH)."""
+
+    def binary(self) -> str:
+        configured = self.settings.llama_server_binary or "llama-server"
+        found = shutil.which(configured)
+        if found is None:
+            raise LoadFailed(f"llama-server binary not found: {configured} (set "
+                             "llama_server_binary, or use worker: native)")
+        return found
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        return [self.binary(), *self.server_flags(port, placement), *self.manifest.args]
+
+
+def template_file(manifest: ModelManifest) -> Path | None:
+    """The Jinja file ``chat_template`` names (relative to the manifest's directory), or None
+    when it names a template instead."""
+    template = manifest.chat_template or ""
+    path = Path(template).expanduser()
+    if not path.is_absolute() and manifest.source_file:
+        path = Path(manifest.source_file).parent / path
+    looks_like_file = template.endswith((".jinja", ".j2")) or os.sep in template
+    if path.is_file() or looks_like_file:
+        return path
+    return None
+
+
+def worker_kind(manifest: ModelManifest, settings: Settings) -> LlamaWorker:
+    """The manifest's ``worker``, else the settings' default, else binary when a
+    ``llama_server_binary`` is configured, else native."""
+    if manifest.worker is not None:
+        return manifest.worker
+    if settings.llama_worker is not None:
+        return LlamaWorker(settings.llama_worker)
+    return LlamaWorker.BINARY if settings.llama_server_binary else LlamaWorker.NATIVE
+
+
+class LlamaBackends:
+    """The pool's factory for ``backend: llama-server``: the class of the manifest's kind."""
+
+    choices_per_request = LlamaServerBackend.choices_per_request
+
+    def __call__(self, entry: CatalogEntry, settings: Settings) -> LlamaServerBackend:
+        from .llama_cpp_python import LlamaCppPythonBackend
+
+        kinds: dict[LlamaWorker, type[LlamaServerBackend]] = {
+            LlamaWorker.NATIVE: NativeLlamaBackend,
+            LlamaWorker.BINARY: BinaryLlamaBackend,
+            LlamaWorker.LLAMA_CPP_PYTHON: LlamaCppPythonBackend,
+        }
+        return kinds[worker_kind(entry.manifest, settings)](entry, settings)
