@@ -1,4 +1,6 @@
-"""The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, speech."""
+"""The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, speech,
+the Responses API. The routes llama-server answers without the ``/v1`` prefix answer here
+too, so clients written for it work unchanged."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from ..services import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    ResponsesRequest,
     SpeechRequest,
     pop_extensions,
     serve,
 )
+from ..services.redact import redact
 from ..services.schemas import OpenAIRequest
 from .context import coordinator_of, disconnect_watch, to_response
 
@@ -23,6 +27,7 @@ router = APIRouter(tags=["openai"])
 
 
 @router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
 async def list_models(request: Request) -> dict[str, Any]:
     coord = coordinator_of(request)
     data = []
@@ -33,14 +38,16 @@ async def list_models(request: Request) -> dict[str, Any]:
             "id": m.id, "object": "model", "created": int(coord.started_at),
             "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
             "backend": str(m.backend), "available": entry.available,
-            "unavailable_reason": entry.unavailable_reason,
+            "unavailable_reason": redact(entry.unavailable_reason)
+            if entry.unavailable_reason else None,
             "state": str(slot.state) if slot else str(SlotState.IDLE),
             "pinned": slot.pinned if slot else m.pin,
         })
     return {"object": "list", "data": data}
 
 
-async def _serve(request: Request, endpoint: str, body: OpenAIRequest) -> Response:
+async def serve_body(request: Request, endpoint: str, body: OpenAIRequest) -> Response:
+    """Serve a parsed body on ``endpoint`` (the worker's path for it)."""
     data = body.model_dump(exclude_unset=True)
     ext = pop_extensions(data, request.headers)
     async with disconnect_watch(request) as gone:
@@ -49,20 +56,29 @@ async def _serve(request: Request, endpoint: str, body: OpenAIRequest) -> Respon
 
 
 @router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request, body: ChatRequest) -> Response:
-    return await _serve(request, "/v1/chat/completions", body)
+    return await serve_body(request, "/v1/chat/completions", body)
 
 
 @router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
 async def completions(request: Request, body: CompletionRequest) -> Response:
-    return await _serve(request, "/v1/completions", body)
+    return await serve_body(request, "/v1/completions", body)
 
 
 @router.post("/v1/embeddings")
+@router.post("/embeddings", include_in_schema=False)
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
-    return await _serve(request, "/v1/embeddings", body)
+    return await serve_body(request, "/v1/embeddings", body)
+
+
+@router.post("/v1/responses")
+@router.post("/responses", include_in_schema=False)
+async def responses(request: Request, body: ResponsesRequest) -> Response:
+    return await serve_body(request, "/v1/responses", body)
 
 
 @router.post("/v1/audio/speech")
 async def speech(request: Request, body: SpeechRequest) -> Response:
-    return await _serve(request, "/v1/audio/speech", body)
+    return await serve_body(request, "/v1/audio/speech", body)

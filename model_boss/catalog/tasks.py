@@ -1,4 +1,5 @@
-"""TaskRegistry: tasks.yaml — a task names a ladder of candidate models and its defaults."""
+"""TaskRegistry: tasks.yaml — a task names a ladder of candidate models and its defaults;
+``default_task:`` names the task a request without a model goes to."""
 
 from __future__ import annotations
 
@@ -29,10 +30,14 @@ class TaskSpec(BaseModel):
 
 
 class TaskRegistry:
-    """Tasks by name, every candidate checked against the catalog at load time."""
+    """Tasks by name, every candidate checked against the catalog at load time, and the
+    default task (``None``: a request must name its model)."""
 
-    def __init__(self, tasks: dict[str, TaskSpec]) -> None:
+    def __init__(self, tasks: dict[str, TaskSpec], default_task: str | None = None) -> None:
+        if default_task is not None and default_task not in tasks:
+            raise ConfigError(f"default_task: unknown task '{default_task}'")
         self.tasks = tasks
+        self.default_task = default_task
 
     @classmethod
     def empty(cls) -> TaskRegistry:
@@ -46,10 +51,14 @@ class TaskRegistry:
             raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: tasks: expected a mapping of task name to task")
-        extra = set(data) - {"tasks"}
+        extra = set(data) - {"tasks", "default_task"}
         if extra:
             raise ConfigError(f"{source}: {sorted(extra)[0]}: unknown top-level key "
-                              "(expected 'tasks')")
+                              "(expected 'tasks' or 'default_task')")
+        default = data.get("default_task")
+        if default is not None and (not isinstance(default, str) or default not in raw):
+            raise ConfigError(f"{source}: default_task: {default!r} is not a task in this file "
+                              f"(tasks: {', '.join(map(str, raw)) or 'none'})")
         tasks: dict[str, TaskSpec] = {}
         for name, body in raw.items():
             if not isinstance(body, dict):
@@ -68,7 +77,7 @@ class TaskRegistry:
                 resolved.append(entry.manifest.id)
             spec.candidates = resolved
             tasks[str(name)] = spec
-        return cls(tasks)
+        return cls(tasks, default)
 
     @classmethod
     def load(cls, path: Path | None, catalog: Catalog) -> TaskRegistry:
@@ -90,7 +99,8 @@ class TaskRegistry:
         return name in self.tasks
 
     def to_list(self) -> list[dict[str, Any]]:
-        return [spec.model_dump() for spec in self.tasks.values()]
+        return [{**spec.model_dump(), "default": name == self.default_task}
+                for name, spec in self.tasks.items()]
 
 
 def task_name(model: str | None) -> str | None:

@@ -247,23 +247,39 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
 
 
 def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
-    """Map a worker's error answer into our envelope: 4xx keeps its status, 5xx becomes 502."""
-    message = raw.decode(errors="replace")[:500]
+    """Map a worker's error answer into our envelope. What the request got wrong keeps a 4xx
+    the client can act on: the worker's own 4xx, a 501 (the model cannot do this), and a 5xx
+    whose message says the request was wrong (llama.cpp answers some of those 500). The
+    worker refusing model-boss's key (401/403) and every other 5xx are the server's failure:
+    502. ``serve()`` redacts the message (no traceback, path or address)."""
+    message, code, param = raw.decode(errors="replace")[:500], None, None
     try:
         data = orjson.loads(raw)
-        err = data.get("error") if isinstance(data, dict) else None
-        if isinstance(err, dict) and err.get("message"):
-            message = str(err["message"])
-        elif isinstance(err, str):
-            message = err
-        elif isinstance(data, dict) and data.get("detail"):
-            message = str(data["detail"])
     except orjson.JSONDecodeError:
-        pass
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        message = str(err.get("message") or message)
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+        param = err.get("param") if isinstance(err.get("param"), str) else None
+    elif isinstance(err, str):
+        message = err
+    elif isinstance(data, dict) and data.get("detail"):
+        message = str(data["detail"])
+    message = message[:1000]
+    if status in (401, 403):
+        return UpstreamError(f"worker for '{model_id}' refused the coordinator's credentials "
+                             f"({status})")
+    # 5xx messages of llama.cpp's server that are about the request, not the worker
+    request_faults = ("failed to parse", "not supported", "unsupported", "expected '",
+                      "must be", "json schema")
+    lowered = message.lower()
+    if status == 501 or (status >= 500 and any(h in lowered for h in request_faults)):
+        status, code = 400, code or ("unsupported_request" if status == 501 else None)
     if 400 <= status < 500:
-        error = UpstreamError(f"{model_id}: {message}", status_code=status,
-                              code="invalid_request")
-        error.error_type = "invalid_request_error"
+        error = UpstreamError(f"{model_id}: {message}", status_code=status, param=param,
+                              code=code or "invalid_request")
+        error.error_type = "rate_limit_error" if status == 429 else "invalid_request_error"
         return error
     return UpstreamError(f"worker for '{model_id}' answered {status}: {message}")
 

@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, RateLimited
+from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
@@ -90,10 +90,11 @@ class InferenceQueue:
 
     async def acquire(self, request: QueuedRequest) -> SlotTicket:
         """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
-        cooldown = self.requestors.cooldown_left(request.client_id)
-        if cooldown > 0:
-            raise RateLimited(f"client '{request.client_id}' is cooling down after repeated "
-                              f"failures", retry_after_s=cooldown)
+        cooldown = self.requestors.cooldown_left(request.model_id)
+        if cooldown > 0:  # the model's own failures, whoever asked; a task falls back
+            raise ModelUnavailable(f"'{request.model_id}' is cooling down after repeated "
+                                   f"worker failures", retry_after_s=cooldown,
+                                   code="model_cooling_down")
         if len(self._pending) >= self.settings.max_queue_depth:
             raise CapacityExceeded("the queue is full", retry_after_s=5, code="queue_full")
         if request.budget_s is not None:
@@ -174,8 +175,8 @@ class InferenceQueue:
                                submitted_at=request.submitted_at)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
-        self.requestors.finished(client, ok, time.monotonic() - ticket.started,
-                                 counts_as_failure=not client_fault)
+        self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
+                                 client_fault=client_fault)
         self.wake()
 
     def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
@@ -294,4 +295,5 @@ class InferenceQueue:
                 for r in sorted(self._pending, key=self._sort_key)
             ],
             "clients": self.requestors.to_list(),
+            "failing_models": self.requestors.models_failing(),
         }

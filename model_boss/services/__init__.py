@@ -11,6 +11,7 @@ from .schemas import (
     CompletionRequest,
     EmbeddingRequest,
     ImageRequest,
+    ResponsesRequest,
     SpeechRequest,
 )
 from .serving import MODEL_HEADER, WAIT_HEADER, Served, serve
@@ -28,6 +29,7 @@ __all__ = [
     "EmbeddingRequest",
     "Extensions",
     "ImageRequest",
+    "ResponsesRequest",
     "Served",
     "SpeechRequest",
     "bad_request",

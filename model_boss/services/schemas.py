@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 from .extensions import ExtensionFields, Int, Number
 
@@ -30,7 +38,27 @@ def _text_or_array(what: str, *, allow_none: bool = False, non_empty: bool = Tru
     return PlainValidator(check, json_schema_input_type=kinds)
 
 
+def _one_of(what: str, check: Any, kinds: Any) -> Any:
+    """A field of several JSON shapes, one message when it fits none (a union would name
+    each member's failure in the field's path)."""
+    def validate(value: Any) -> Any:
+        if not check(value):
+            raise ValueError(f"must be {what}")
+        return value
+
+    return PlainValidator(validate, json_schema_input_type=kinds)
+
+
 NonEmptyInput = Annotated[Any, _text_or_array("a non-empty string or array")]
+Stop = Annotated[Any, _one_of(
+    "a string, an array of strings or null",
+    lambda v: v is None or isinstance(v, str)
+    or (isinstance(v, list) and all(isinstance(s, str) for s in v)),
+    str | list[str] | None)]
+ToolChoice = Annotated[Any, _one_of(
+    "'none', 'auto', 'required' or an object naming a function",
+    lambda v: v is None or v in ("none", "auto", "required") or isinstance(v, dict),
+    Literal["none", "auto", "required"] | dict[str, Any] | None)]
 Content = Annotated[Any, _text_or_array("a string, an array of parts or null",
                                         allow_none=True, non_empty=False)]
 
@@ -55,11 +83,78 @@ class ChatMessage(BaseModel):
     content: Content = None
 
 
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` asks for a last chunk carrying the usage."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool | None = None
+
+
 class _Sampling(OpenAIRequest):
     max_tokens: Int | None = Field(default=None, ge=1)
     n: Int | None = Field(default=None, ge=1, le=128,
                           description="choices; at most what the model serves (llama: 1)")
     temperature: Number | None = Field(default=None, ge=0, le=2)
+    top_p: Number | None = Field(default=None, ge=0, le=1)
+    presence_penalty: Number | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Number | None = Field(default=None, ge=-2, le=2)
+    seed: Int | None = None
+    stop: Stop = None
+    logit_bias: dict[str, Annotated[Number, Field(ge=-100, le=100)]] | None = Field(
+        default=None, description="token id (or, on llama.cpp, text) → bias, -100 to 100")
+    stream_options: StreamOptions | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the output must follow."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64)
+    strict: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _schema_is_an_object(self) -> JsonSchemaFormat:
+        # kept as an extra field: a field named "schema" would shadow BaseModel.schema
+        if not isinstance((self.model_extra or {}).get("schema", {}), dict):
+            raise ValueError("'schema' must be a JSON object")
+        return self
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class FunctionSpec(BaseModel):
+    """A function a model may call."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    """``tools[]``: a function tool."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: FunctionSpec
 
 
 class ChatRequest(_Sampling):
@@ -67,12 +162,32 @@ class ChatRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] | None = None
+    max_completion_tokens: Int | None = Field(default=None, ge=1,
+                                              description="limits the output, as max_tokens")
+    logprobs: StrictBool | None = None
+    top_logprobs: Int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: StrictBool | None = None
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
     prompt: NonEmptyInput
+    logprobs: Int | None = Field(default=None, ge=0, le=20)
+    echo: StrictBool | None = None
+
+
+class ResponsesRequest(OpenAIRequest):
+    """``POST /v1/responses`` (the OpenAI Responses API, spoken by llama.cpp's server)."""
+
+    input: NonEmptyInput
+    instructions: str | None = None
+    max_output_tokens: Int | None = Field(default=None, ge=1)
+    temperature: Number | None = Field(default=None, ge=0, le=2)
+    top_p: Number | None = Field(default=None, ge=0, le=1)
 
 
 class EmbeddingRequest(OpenAIRequest):

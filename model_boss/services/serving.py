@@ -33,6 +33,8 @@ from ..inference import QueuedRequest, SlotTicket
 from ..inference.backends import BACKENDS
 from .cancel import unless_disconnected
 from .extensions import Extensions
+from .native import PROPS, worker_props
+from .redact import redacted
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -64,14 +66,27 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
                 disconnected: asyncio.Event | None = None,
                 on_dispatch: Dispatched | None = None) -> Served:
     """Route ``body`` and serve it. ``disconnected`` (set when the caller goes away) cancels
-    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it)."""
+    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it). Every
+    error leaves with its message redacted (no worker traceback, file path or address)."""
+    try:
+        return await _serve(coord, endpoint, body, ext, disconnected, on_dispatch)
+    except ModelBossError as exc:
+        redacted(exc)
+        raise
+
+
+async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
+                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None) -> Served:
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
     profile = settings.clients.get(client_id)
     priority = ext.priority
     if priority is None and profile and profile.priority is not None:
         priority = profile.priority
-    plan = await coord.router.resolve(body.get("model"), task=ext.task,
+    task_name = ext.task
+    if task_name is None and not body.get("model") and not (profile and profile.default_task):
+        task_name = default_task(coord)
+    plan = await coord.router.resolve(body.get("model"), task=task_name,
                                       priority=priority if priority is not None
                                       else settings.default_priority, profile=profile)
     task = plan.task
@@ -116,6 +131,16 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
     raise last_error or ModelUnavailable("no candidate could serve the request")
 
 
+def default_task(coord: Coordinator) -> str:
+    """The task a request that names no model goes to; a 400 that says how to set one."""
+    name = coord.tasks.default_task
+    if name is None:
+        raise BadRequest("'model' is required: name a model (GET /v1/models lists them) or a "
+                         "task ('task:<name>'), or name a default task with 'default_task: "
+                         "<name>' at the top of tasks.yaml", param="model", code="missing_field")
+    return name
+
+
 def _too_many_choices(manifest: ModelManifest, endpoint: str,
                       body: dict[str, Any]) -> BadRequest | None:
     # a worker kind that says how many choices it serves (llama: 1); others decide for
@@ -152,9 +177,9 @@ async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, A
     try:
         if backend is None:
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")
-        upstream = await unless_disconnected(
-            disconnected, backend.handle_request(queued.endpoint, body,
-                                                 bool(body.get("stream"))))
+        work = (worker_props(backend, manifest.id) if queued.endpoint == PROPS
+                else backend.handle_request(queued.endpoint, body, bool(body.get("stream"))))
+        upstream = await unless_disconnected(disconnected, work)
     except BaseException as exc:
         ticket.release(ok=False, client_fault=_client_fault(exc))
         raise
@@ -168,24 +193,30 @@ async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, A
 
 
 def _client_fault(exc: BaseException) -> bool:
-    return isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500
+    """A client's mistake, or a client that went away: not the model's failure."""
+    return isinstance(exc, asyncio.CancelledError) or (
+        isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500)
 
 
 def sse_error(exc: Exception) -> bytes:
     """The SSE event that carries a failure once a stream has started (same envelope)."""
     if not isinstance(exc, ModelBossError):
         exc = ModelBossError(f"stream failed: {exc}", code="stream_failed")
-    return b"data: " + orjson.dumps(exc.envelope()) + b"\n\n"
+    return b"data: " + orjson.dumps(redacted(exc).envelope()) + b"\n\n"
 
 
 async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
                 model_id: str) -> AsyncIterator[bytes]:
-    """Pass chunks through untouched; a failure mid-stream becomes an SSE error + [DONE]."""
-    ok = False
+    """Pass chunks through untouched; a failure mid-stream becomes an SSE error + [DONE]. A
+    client that goes away mid-stream is no failure of the model."""
+    ok = gone = False
     try:
         async for chunk in chunks:
             yield chunk
         ok = True
+    except (GeneratorExit, asyncio.CancelledError):
+        gone = True
+        raise
     except Exception as exc:
         if isinstance(exc, ModelBossError):
             log.warning("stream from %s failed: %s", model_id, exc.message)
@@ -196,4 +227,4 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
     finally:
         with contextlib.suppress(Exception):
             await chunks.aclose()  # type: ignore[attr-defined]
-        ticket.release(ok=ok)
+        ticket.release(ok=ok, client_fault=gone)

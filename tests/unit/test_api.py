@@ -329,3 +329,228 @@ async def test_admin_models_offload_and_unload_with_wait(api):
     assert coord.pool.slots["a"].state == "idle"
     bad = await client.post("/api/v1/models/a/unload?wait_s=-1", headers=ADMIN)
     assert bad.status_code == 400
+
+
+# --- OpenAI fidelity, llama-server's routes, defaults, fair cooldowns ---------------------
+
+def recording(monkeypatch) -> list[tuple[str, str, dict]]:
+    """Every request a fake worker gets: (model, endpoint, body)."""
+    seen: list[tuple[str, str, dict]] = []
+
+    async def handle(self, endpoint, body, stream):
+        seen.append((self.entry.manifest.id, endpoint, body))
+        return UpstreamResponse(200, {"content-type": "application/json"}, body=b'{"ok": 1}')
+
+    monkeypatch.setattr(FakeBackend, "handle_request", handle)
+    return seen
+
+
+def refusing(monkeypatch, error_for) -> None:
+    async def handle(self, endpoint, body, stream):
+        raise error_for()
+
+    monkeypatch.setattr(FakeBackend, "handle_request", handle)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": "nope"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools.0.function.name"),
+    ({"tool_choice": "bogus"}, "tool_choice"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 1}}},
+     "response_format.json_schema"),
+    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"logit_bias": {"42": 500}}, "logit_bias.42"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"seed": "seven"}, "seed"),
+    ({"stop": 5}, "stop"),
+])
+async def test_openai_fields_a_worker_could_not_read_are_400(api, body, param):
+    client, coord = api
+    response = await client.post("/v1/chat/completions", headers=USER, json={**CHAT, **body})
+    assert_envelope(response, 400, param)
+    assert coord.queue.depth == 0
+
+
+async def test_openai_fields_reach_the_worker_as_sent(api, monkeypatch):
+    client, _ = api
+    seen = recording(monkeypatch)
+    fields = {"max_completion_tokens": 4, "stream_options": {"include_usage": True},
+              "response_format": {"type": "json_schema",
+                                  "json_schema": {"name": "x", "schema": {"type": "object"}}},
+              "logprobs": True, "top_logprobs": 2, "logit_bias": {"42": -100}, "seed": 7,
+              "stop": ["\n"], "tools": [{"type": "function", "function": {"name": "f"}}],
+              "tool_choice": "required", "top_k": 5}
+    response = await client.post("/v1/chat/completions", headers=USER,
+                                 json={**CHAT, **fields})
+    assert response.status_code == 200, response.text
+    assert seen[0][2] == {**CHAT, **fields, "model": "a"}
+
+
+@pytest.mark.parametrize("path, body, endpoint", [
+    ("/chat/completions", CHAT, "/v1/chat/completions"),
+    ("/completions", {"model": "a", "prompt": "x"}, "/v1/completions"),
+    ("/embeddings", {"model": "a", "input": "x"}, "/v1/embeddings"),
+    ("/responses", {"model": "a", "input": "x"}, "/v1/responses"),
+    ("/v1/responses", {"model": "a", "input": "x"}, "/v1/responses"),
+    ("/completion", {"model": "b", "prompt": "x", "n_predict": 2}, "/completion"),
+    ("/infill", {"model": "b", "input_prefix": "def f(", "input_suffix": ")"}, "/infill"),
+    ("/tokenize", {"model": "b", "content": "hello"}, "/tokenize"),
+    ("/detokenize", {"model": "b", "tokens": [1, 2]}, "/detokenize"),
+    ("/apply-template", {"model": "b", "messages": [{"role": "user", "content": "x"}]},
+     "/apply-template"),
+])
+async def test_llama_server_routes_reach_the_named_models_worker(api, monkeypatch, path, body,
+                                                                  endpoint):
+    client, coord = api
+    seen = recording(monkeypatch)
+    response = await client.post(path, headers=USER, json=body)
+    assert response.status_code == 200, response.text
+    expected = coord.catalog.get(body["model"]).manifest.id
+    assert seen == [(expected, endpoint, {**body, "model": expected})]
+    assert response.headers["x-model-boss-model"] == expected
+    assert coord.queue.granted_total == 1  # through the queue, like every request
+
+
+async def test_llama_server_routes_take_keys_and_check_bodies(api):
+    client, _ = api
+    assert (await client.post("/tokenize", json={"model": "a", "content": "x"})).status_code \
+        == 401
+    assert (await client.get("/models")).status_code == 401
+    assert_envelope(await client.post("/tokenize", headers=USER, json={"model": "a"}), 400,
+                    "content")
+    assert_envelope(await client.post("/detokenize", headers=USER,
+                                      json={"model": "a", "tokens": "x"}), 400, "tokens")
+    data = (await client.get("/models", headers=USER)).json()["data"]
+    assert [m["id"] for m in data] == ["a", "b"]
+
+
+async def test_props_come_from_the_named_worker_without_its_paths(api, monkeypatch):
+    client, coord = api
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        assert request.method == "GET" and request.url.path == "/props"
+        return httpx.Response(200, json={"model_path": "/srv/models/secret/b.gguf",
+                                         "model_alias": "b", "total_slots": 1})
+
+    monkeypatch.setattr(FakeBackend, "_client", httpx.AsyncClient(
+        transport=httpx.MockTransport(worker), base_url="http://worker"), raising=False)
+    response = await client.get("/props?model=b", headers=USER)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"model_path": "b.gguf", "model_alias": "b", "total_slots": 1}
+    assert response.headers["x-model-boss-model"] == "b"
+    assert coord.queue.granted_total == 1
+
+
+async def test_props_of_a_worker_that_has_none_is_400(api):
+    client, _ = api
+    error = assert_envelope(await client.get("/props?model=a", headers=USER), 400, "model")
+    assert error["code"] == "unsupported_endpoint"
+
+
+async def test_without_a_default_task_a_missing_model_is_a_400_that_says_how(api):
+    client, _ = api
+    for body in ({"messages": CHAT["messages"]}, {**CHAT, "model": None}):
+        error = assert_envelope(await client.post("/v1/chat/completions", headers=USER,
+                                                  json=body), 400, "model")
+        assert "default_task" in error["message"] and "tasks.yaml" in error["message"]
+    assert_envelope(await client.post("/tokenize", headers=USER, json={"content": "x"}), 400,
+                    "model")
+
+
+async def test_a_request_without_a_model_goes_to_the_default_task(api, monkeypatch):
+    from model_boss.catalog.tasks import TaskRegistry
+
+    client, coord = api
+    tasks = TaskRegistry.from_mapping(
+        {"default_task": "chat", "tasks": {"chat": {"candidates": ["b"]}}}, coord.catalog)
+    coord.tasks = coord.router.tasks = tasks
+    seen = recording(monkeypatch)
+    for body in ({"messages": CHAT["messages"]}, {**CHAT, "model": None}):
+        response = await client.post("/v1/chat/completions", headers=USER, json=body)
+        assert response.status_code == 200 and response.headers["x-model-boss-model"] == "b"
+    assert (await client.post("/tokenize", headers=USER, json={"content": "x"})).is_success
+    assert (await client.get("/props", headers=USER)).status_code == 400  # b: no llama.cpp
+    assert [model for model, _, _ in seen] == ["b", "b", "b"]
+    named = await client.post("/v1/chat/completions", headers=USER, json=CHAT)
+    assert named.headers["x-model-boss-model"] == "a"  # a named model still wins
+
+
+WORKER_ANSWERS = [  # (status, body) → (status, code) a client sees
+    (400, {"error": {"code": 400, "message": "JSON schema error at #/properties/a: bad",
+                     "type": "invalid_request_error"}}, 400, "invalid_request"),
+    (500, {"error": {"code": 500, "message": "Failed to parse tools: Expected 'tools' to be "
+                     "an array", "type": "server_error"}}, 400, "invalid_request"),
+    (500, {"error": {"code": 500, "message": "image input is not supported",
+                     "type": "server_error"}}, 400, "invalid_request"),
+    (501, {"error": {"code": 501, "message": "This server does not support embeddings.",
+                     "type": "not_supported_error"}}, 400, "unsupported_request"),
+    (401, {"error": {"code": 401, "message": "Invalid API Key"}}, 502, "upstream_error"),
+    (500, {"error": {"message": "out of memory"}}, 502, "upstream_error"),
+]
+
+
+@pytest.mark.parametrize("status, body, expected, code", WORKER_ANSWERS)
+async def test_worker_answers_keep_client_faults_400_and_the_rest_502(api, monkeypatch, status,
+                                                                      body, expected, code):
+    from model_boss.inference.backend import upstream_error
+
+    client, _ = api
+    refusing(monkeypatch, lambda: upstream_error("a", status, json.dumps(body).encode()))
+    error = assert_envelope(await client.post("/v1/chat/completions", headers=USER,
+                                              json=CHAT), expected)
+    assert error["code"] == code
+    assert error["type"] == ("invalid_request_error" if expected == 400 else "server_error")
+
+
+async def test_no_traceback_path_or_internal_address_reaches_a_client(api, monkeypatch):
+    from model_boss.inference.backend import upstream_error
+
+    client, _ = api
+    leaky = ("bad things at http://127.0.0.1:41234/v1/chat/completions in "
+             "/home/ci/.cache/model-boss/models/a.gguf (127.0.0.1:41234)\n"
+             "Traceback (most recent call last):\n  File \"/usr/lib/python3/x.py\", line 3\n"
+             "ValueError: boom")
+    refusing(monkeypatch, lambda: upstream_error("a", 500, leaky.encode()))
+    error = assert_envelope(await client.post("/v1/chat/completions", headers=USER,
+                                              json=CHAT), 502)
+    message = error["message"]
+    for secret in ("127.0.0.1", "41234", "/home/ci", "Traceback", "x.py", "http://"):
+        assert secret not in message, message
+    assert "a.gguf" in message and "bad things" in message
+    refusing(monkeypatch, lambda: WorkerCrashed(
+        "worker for 'a' exited with -9; last worker output: File \"/opt/w/server.py\", line 9"))
+    streamed = await client.post("/v1/chat/completions", headers=USER, json=CHAT)
+    assert "/opt/w" not in assert_envelope(streamed, 502)["message"]
+
+
+async def test_client_faults_never_cool_a_model_down(api, monkeypatch):
+    from model_boss.inference.backend import upstream_error
+
+    client, coord = api
+    refusing(monkeypatch, lambda: upstream_error("a", 400, b'{"error": "bad request"}'))
+    for _ in range(coord.queue.requestors.failure_threshold * 3):
+        assert (await client.post("/v1/chat/completions", headers=USER,
+                                  json=CHAT)).status_code == 400
+    recording(monkeypatch)
+    assert (await client.post("/v1/chat/completions", headers=USER, json=CHAT)).is_success
+
+
+async def test_worker_failures_cool_down_that_model_for_everyone_and_no_other(api,
+                                                                             monkeypatch):
+    client, coord = api
+    refusing(monkeypatch, lambda: WorkerCrashed("worker for 'a' exited with -9"))
+    for _ in range(coord.queue.requestors.failure_threshold):
+        assert (await client.post("/v1/chat/completions", headers=USER,
+                                  json=CHAT)).status_code == 502
+    recording(monkeypatch)
+    for headers in (USER, {**USER, "x-client-id": "someone-else"}):
+        cooling = await client.post("/v1/chat/completions", headers=headers, json=CHAT)
+        assert assert_envelope(cooling, 503)["code"] == "model_cooling_down"
+        assert int(cooling.headers["retry-after"]) > 0
+    other = await client.post("/v1/chat/completions", headers=USER,
+                              json={**CHAT, "model": "b"})
+    assert other.is_success  # the same anonymous caller, another model
