@@ -132,9 +132,12 @@ class HttpWorkerBackend:
         self._client = httpx.AsyncClient(  # control calls: health, offload, reports
             base_url=f"http://127.0.0.1:{port}", headers=self._auth(),
             timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
-        self._upstream = UpstreamClient(f"http://127.0.0.1:{port}",  # the request data path
+        # the request data path; idle connections are dropped before llama.cpp's server
+        # closes them (its keep-alive timeout is 5 s), so none is reused as it closes
+        self._upstream = UpstreamClient(f"http://127.0.0.1:{port}",
                                         timeout_s=self.settings.request_timeout_s,
-                                        connect_timeout_s=5.0, max_connections=64)
+                                        connect_timeout_s=5.0, max_connections=64,
+                                        keepalive_s=3.0)
         try:
             await self.process.start()
             await self._wait_healthy(self.settings.health_timeout_s)

@@ -27,8 +27,9 @@ class UpstreamReply:
 
 class UpstreamClient:
     def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float = 10.0,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, keepalive_s: float = 15.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self._keepalive_s = keepalive_s
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s,
                                               sock_read=timeout_s)
         self._limit = max_connections
@@ -37,7 +38,8 @@ class UpstreamClient:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
+                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit,
+                                               keepalive_timeout=self._keepalive_s),
                 timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
         return self._session
 
