@@ -225,7 +225,7 @@ class HttpWorkerBackend:
 async def forward(client: UpstreamClient, path: str, content: bytes, headers: dict[str, str],
                   stream: bool, model_id: str,
                   transport_error: Callable[[Exception], Awaitable[ModelBossError]],
-                  ) -> UpstreamResponse:
+                  *, our_secret: bool = True) -> UpstreamResponse:
     """POST on the pooled client; 4xx/5xx mapped by :func:`upstream_error`, transport failures
     (also mid-stream) by ``transport_error``; stream chunks relayed as they arrive."""
     try:
@@ -233,7 +233,7 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
     except UpstreamTransportError as exc:
         raise await transport_error(exc) from exc
     if reply.status >= 400:
-        raise upstream_error(model_id, reply.status, reply.body or b"")
+        raise upstream_error(model_id, reply.status, reply.body or b"", our_secret=our_secret)
     kind = {"content-type": reply.content_type}
     if reply.chunks is None:
         return UpstreamResponse(reply.status, kind, body=reply.body)
@@ -249,12 +249,15 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
     return UpstreamResponse(reply.status, kind, stream=relay())
 
 
-def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
+def upstream_error(model_id: str, status: int, raw: bytes, *,
+                   our_secret: bool = True) -> UpstreamError:
     """Map a worker's error answer into our envelope. What the request got wrong keeps a 4xx
     the client can act on: the worker's own 4xx, a 501 (the model cannot do this), and a 5xx
     whose message says the request was wrong (llama.cpp answers some of those 500). The
     worker refusing model-boss's key (401/403) and every other 5xx are the server's failure:
-    502. ``serve()`` redacts the message (no traceback, path or address)."""
+    502. A cloud remote (``our_secret=False``: the key is the operator's, not a per-worker
+    secret) keeps its 401/403. ``serve()`` redacts the message (no traceback, path or
+    address)."""
     message, code, param = raw.decode(errors="replace")[:500], None, None
     try:
         data = orjson.loads(raw)
@@ -270,7 +273,7 @@ def upstream_error(model_id: str, status: int, raw: bytes) -> UpstreamError:
     elif isinstance(data, dict) and data.get("detail"):
         message = str(data["detail"])
     message = message[:1000]
-    if status in (401, 403):
+    if status in (401, 403) and our_secret:
         return UpstreamError(f"worker for '{model_id}' refused the coordinator's credentials "
                              f"({status})")
     # 5xx messages of llama.cpp's server that are about the request, not the worker

@@ -46,8 +46,15 @@ class UpstreamClient:
     async def post(self, path: str, body: bytes, headers: dict[str, str],
                    stream: bool) -> UpstreamReply:
         try:
-            response = await self._open().post(self.base_url + path, data=body,
-                                                headers=headers)
+            try:
+                response = await self._open().post(self.base_url + path, data=body,
+                                                    headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # a pooled keep-alive connection the server closed just as it was reused
+                # (llama.cpp's server closes them on its own schedule): no answer came, so
+                # try once more on a fresh connection
+                response = await self._open().post(self.base_url + path, data=body,
+                                                    headers=headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamTransportError(f"{type(exc).__name__}: {exc}") from exc
         content_type = response.headers.get("content-type", "application/json")

@@ -89,7 +89,7 @@ class CloudBackend:
         body["model"] = self._remote_model  # the caller hands us its own copy
         path = endpoint[3:] if endpoint.startswith("/v1/") else endpoint
         return await forward(self._client, path, orjson.dumps(body), self._headers, stream,
-                             self.manifest.id, self._unreachable)
+                             self.manifest.id, self._unreachable, our_secret=False)
 
     async def offload(self) -> dict[str, Any]:
         """Nothing to offload: a remote holds no VRAM here."""
