@@ -75,6 +75,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.stop()  # never leave a coordinator behind a failed start
         raise RuntimeError(f"server did not start:\n{self.log()}")
 
     def log(self) -> str:
