@@ -69,6 +69,7 @@ class ModelManifest(BaseModel):
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     embeddings: bool = False
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the GGUF's
     reranking: bool = False
     threads: int | None = Field(default=None, ge=1)
     args: list[str] = Field(default_factory=list)

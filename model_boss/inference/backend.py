@@ -207,8 +207,12 @@ class HttpWorkerBackend:
         if self._upstream is None:
             raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
         content = orjson.dumps(body) if body is not None else b""
-        return await forward(self._upstream, path, content, self._headers, stream,
-                             self.manifest.id, self.crashed)
+        return await forward(self._upstream, path, content, self.request_headers(stream),
+                             stream, self.manifest.id, self.crashed)
+
+    def request_headers(self, stream: bool) -> dict[str, str]:
+        """Headers of a proxied request: JSON, and the worker's secret when it has one."""
+        return self._headers
 
     async def offload(self) -> dict[str, Any]:
         raise ModelBossError(f"'{self.manifest.id}' cannot be offloaded to CPU RAM",

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -46,7 +47,11 @@ def slot(server, model):
 
 
 def worker_health(server, model="tiny-sd"):
-    return httpx.get(f"http://127.0.0.1:{slot(server, model)['port']}/health").json()
+    worker = slot(server, model)  # the worker answers only with the coordinator's secret
+    environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
+    secret = next(v[15:].decode() for v in environ if v.startswith(b"WORKER_API_KEY="))
+    return httpx.get(f"http://127.0.0.1:{worker['port']}/health",
+                     headers={"Authorization": f"Bearer {secret}"}).json()
 
 
 def test_openai_client_generates_pngs_of_the_requested_size(server):

@@ -41,8 +41,9 @@ def test_estimate_from_gguf_and_split_across_three_small_gpus(make_server, demo_
     assert sum(placement["allocations"].values()) == slot["vram_estimate"]["mb"]
     argv, env = worker_launch(slot["pid"])
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2"
-    split = argv[argv.index("--tensor_split") + 1: argv.index("--tensor_split") + 4]
+    split = argv[argv.index("--tensor-split") + 1].split(",")
     assert len(split) == 3 and abs(sum(map(float, split)) - 1) < 0.01
+    assert argv[argv.index("--n-gpu-layers") + 1] == "999"  # every layer, split three ways
     assert {g["index"]: g["leased_mb"] for g in server.status()["gpus"]} == {
         int(k): v for k, v in placement["allocations"].items()}
 
@@ -57,7 +58,7 @@ def test_partial_offload_when_one_gpu_is_too_small(make_server, demo_gguf):
     assert 0 < placement["gpu_layers"] < placement["total_layers"] == 30
     assert placement["share"].endswith("CPU/GPU")
     argv, env = worker_launch(slot["pid"])
-    assert argv[argv.index("--n_gpu_layers") + 1] == str(placement["gpu_layers"])
+    assert argv[argv.index("--n-gpu-layers") + 1] == str(placement["gpu_layers"])
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
 
 

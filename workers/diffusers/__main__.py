@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(options.parent_pid)
     holder = PipelineHolder(options)
     generator = Generator(holder)
-    serve(lambda stop: create_app(holder, generator, lambda: load_pipeline(options), stop),
+    serve(lambda stop: create_app(holder, generator, lambda: load_pipeline(options), stop,
+                                  api_key=options.api_key),
           options.host, options.port, on_exit=generator.cancel)
 
 

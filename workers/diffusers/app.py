@@ -8,20 +8,24 @@
     POST /offload   weights to CPU RAM (409 busy while a generation is admitted)
     POST /onload    weights back to the device
     POST /shutdown  cancel what runs, then stop the server
+
+With an API key (the coordinator's per-worker secret) every route, ``/health`` included,
+answers 401 without ``Authorization: Bearer <key>``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import secrets
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from .errors import InvalidRequest, WorkerError, envelope
+from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
 from .pipeline import LOADED, PipelineHolder
@@ -32,9 +36,10 @@ log = logging.getLogger(__name__)
 
 def create_app(holder: PipelineHolder, generator: Generator,
                load: Callable[[], LoadedPipeline],
-               shutdown: Callable[[], None] | None = None) -> FastAPI:
+               shutdown: Callable[[], None] | None = None,
+               api_key: str | None = None) -> FastAPI:
     """The app; ``load`` runs in the background from startup, ``shutdown`` is called by
-    ``POST /shutdown``."""
+    ``POST /shutdown``; with ``api_key`` every request must carry it as a bearer token."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -43,6 +48,17 @@ def create_app(holder: PipelineHolder, generator: Generator,
         generator.cancel()
 
     app = FastAPI(title="diffusers worker", lifespan=lifespan)
+
+    if api_key:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def _authorize(request: Request,
+                             call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if not secrets.compare_digest(given, expected):
+                return _error(Unauthorized("missing or wrong API key"))
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

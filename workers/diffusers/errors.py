@@ -32,6 +32,10 @@ def envelope(status: int, message: str, *, code: str, param: str | None = None) 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+class Unauthorized(WorkerError, status=401, code="invalid_api_key"):
+    """The request does not carry the worker's secret (``Authorization: Bearer``)."""
+
+
 class InvalidRequest(WorkerError, status=400, code="invalid_request"):
     """The request body does not validate."""
 

@@ -4,18 +4,23 @@
         [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
         [--offload none|model|sequential|group|balanced] [--max-memory JSON]
         [--vae-mb-per-512px 1600] [--allow-cpu-vae|--no-allow-cpu-vae]
-        [--vram-margin-mb 512] [--parent-pid PID]
+        [--vram-margin-mb 512] [--parent-pid PID] [--api-key KEY]
+
+The API key is better given in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the
+worker answers anyone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 
 from .memory import Offload
 
 PROG = "python -m workers.diffusers"
+API_KEY_ENV = "WORKER_API_KEY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,7 @@ class WorkerOptions:
     allow_cpu_vae: bool = True
     vram_margin_mb: int = 512
     parent_pid: int | None = None
+    api_key: str | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerOptions:
@@ -51,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("--allow-cpu-vae", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--vram-margin-mb", type=int, default=512)
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
     args = parser.parse_args(argv)
     max_memory = None
     if args.max_memory:
@@ -67,4 +74,5 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         model=args.model, port=args.port, host=args.host, device=args.device,
         dtype=args.dtype, offload=Offload(args.offload), max_memory=max_memory,
         vae_mb_per_512px=args.vae_mb_per_512px, allow_cpu_vae=args.allow_cpu_vae,
-        vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid)
+        vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 
-from .lifetime import die_with_parent, stop_event
+from .lifetime import block_stop_signals, die_with_parent, wait_for_stop
 from .options import parse_args, to_params
 
 
@@ -15,8 +15,8 @@ def main(argv: list[str] | None = None) -> None:
     the model is in); exit 0 on SIGTERM, 1 when the load fails."""
     options = parse_args(argv)
     die_with_parent(options.parent_pid)
-    stop = stop_event()
-    failure: list[BaseException] = []
+    block_stop_signals()
+    failed = threading.Event()
     held: list[object] = []  # the server lives as long as the process
 
     def load() -> None:
@@ -24,17 +24,15 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             held.append(xllamacpp.Server(to_params(options)))
-        except BaseException as exc:  # reported by the main thread
-            failure.append(exc)
-            stop.set()
+        except BaseException as exc:
+            print(f"llama.cpp server failed: {exc}", file=sys.stderr, flush=True)
+            failed.set()
 
     threading.Thread(target=load, name="llama-server", daemon=True).start()
-    stop.wait()
-    if failure:
-        print(f"llama.cpp server failed: {failure[0]}", file=sys.stderr, flush=True)
-    sys.stderr.flush()
+    reason = wait_for_stop(failed)
+    print(f"workers.llama: stopping ({reason})", file=sys.stderr, flush=True)
     # skip interpreter teardown: the server's threads end with the process
-    os._exit(1 if failure else 0)
+    os._exit(1 if failed.is_set() else 0)
 
 
 if __name__ == "__main__":

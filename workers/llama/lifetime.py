@@ -53,13 +53,19 @@ def die_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def stop_event() -> threading.Event:
-    """Set on SIGTERM or SIGINT; the main thread waits on it."""
-    stop = threading.Event()
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
-    def handle(signum: int, frame: object) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    return stop
+def block_stop_signals() -> None:
+    """Block SIGTERM / SIGINT in this thread and every thread started after (llama.cpp's
+    among them), so only :func:`wait_for_stop` takes them, and can say who sent them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def wait_for_stop(failed: threading.Event, tick_s: float = 0.5) -> str:
+    """Wait for SIGTERM / SIGINT (or ``failed``); what ended the wait, for the log."""
+    while not failed.is_set():
+        info = signal.sigtimedwait(STOP_SIGNALS, tick_s)
+        if info is not None:
+            return f"signal {signal.Signals(info.si_signo).name} from pid {info.si_pid}"
+    return "failure"

@@ -4,7 +4,7 @@
         [--n-gpu-layers N] [--tensor-split 0.4,0.6] [--main-gpu 0] [--threads N]
         [--parallel N] [--chat-template NAME | --chat-template-file FILE]
         [--flash-attn on|off|auto] [--cache-type-k f16] [--cache-type-v f16]
-        [--embeddings] [--reranking] [--alias NAME] [--metrics] [--parent-pid PID]
+        [--embeddings] [--pooling mean] [--reranking] [--alias NAME] [--metrics] [--parent-pid PID]
 
 The API key comes from ``LLAMA_API_KEY`` (``--api-key`` is accepted too, but shows in ``ps``).
 """
@@ -20,6 +20,7 @@ PROG = "python -m workers.llama"
 API_KEY_ENV = "LLAMA_API_KEY"
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 FLASH_ATTN = ("on", "off", "auto")
+POOLING = ("none", "mean", "cls", "last", "rank")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class WorkerOptions:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     embeddings: bool = False
+    pooling: str | None = None  # None: the model's own
     reranking: bool = False
     alias: str | None = None
     metrics: bool = False
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("-ctk", "--cache-type-k", choices=CACHE_TYPES, default="f16")
     parser.add_argument("-ctv", "--cache-type-v", choices=CACHE_TYPES, default="f16")
     parser.add_argument("--embeddings", "--embedding", action="store_true")
+    parser.add_argument("--pooling", choices=POOLING, default=None)
     parser.add_argument("--reranking", "--rerank", action="store_true")
     parser.add_argument("-a", "--alias", default=None)
     parser.add_argument("--metrics", action="store_true")
@@ -89,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         main_gpu=args.main_gpu, threads=args.threads, parallel=args.parallel,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
-        cache_type_v=args.cache_type_v, embeddings=args.embeddings, reranking=args.reranking,
+        cache_type_v=args.cache_type_v, embeddings=args.embeddings, pooling=args.pooling,
+        reranking=args.reranking,
         alias=args.alias, metrics=args.metrics,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         parent_pid=args.parent_pid)
@@ -127,8 +131,9 @@ def to_params(options: WorkerOptions) -> Any:
     p.cache_type_v = getattr(xl.ggml_type, f"GGML_TYPE_{options.cache_type_v.upper()}")
     if options.embeddings or options.reranking:
         p.embedding = True
-    if options.reranking:
-        p.pooling_type = xl.llama_pooling_type.LLAMA_POOLING_TYPE_RANK
+    pooling = "rank" if options.reranking else options.pooling
+    if pooling:
+        p.pooling_type = getattr(xl.llama_pooling_type, f"LLAMA_POOLING_TYPE_{pooling.upper()}")
     if options.alias:
         p.model_alias = {options.alias}
     if options.api_key:

@@ -27,6 +27,7 @@ class DiffusersBackend(HttpWorkerBackend):
 
     can_offload = True
     health_path = "/health"
+    secret_env = "WORKER_API_KEY"  # workers/diffusers/options.py reads it
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         m = self.manifest

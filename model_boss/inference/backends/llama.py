@@ -78,6 +78,12 @@ class LlamaCppServerBackend(LlamaServerBackend):
 
     secret_env = "LLAMA_API_KEY"
 
+    def request_headers(self, stream: bool) -> dict[str, str]:
+        # llama.cpp's server closes the connection after a stream although it answered
+        # keep-alive: a pooled reuse of it fails, so a stream's connection is not pooled
+        headers = super().request_headers(stream)
+        return {**headers, "Connection": "close"} if stream else headers
+
     def server_flags(self, port: int, placement: Placement | None) -> list[str]:
         """``llama-server``'s flags for this manifest and placement."""
         m = self.manifest
@@ -102,6 +108,8 @@ class LlamaCppServerBackend(LlamaServerBackend):
         flags += self.template_flags()
         if m.embeddings:
             flags.append("--embeddings")
+        if m.pooling:
+            flags += ["--pooling", m.pooling]
         if m.reranking:
             flags.append("--reranking")
         return flags
