@@ -71,7 +71,8 @@ def _ps(args: argparse.Namespace) -> int:
         print(f"{g['index']:<5}{g['name'][:21]:<22}{g['capacity_mb']:>10}{g['leased_mb']:>10}"
               f"{g['free_mb']:>10}")
     print()
-    print(f"{'MODEL':<28}{'STATE':<11}{'VRAM MB':>8} {'FROM':<10}{'PID':>8}{'ACTIVE':>7}  "
+    # FROM: the estimate's rung (measured, manifest, llama.cpp-fit, file, file_size, ...)
+    print(f"{'MODEL':<28}{'STATE':<11}{'VRAM MB':>8} {'FROM':<14}{'PID':>8}{'ACTIVE':>7}  "
           "PLACEMENT")
     for s in data["slots"]:
         est = s.get("vram_estimate") or {}
@@ -80,7 +81,7 @@ def _ps(args: argparse.Namespace) -> int:
         if placement.get("share"):
             where = f"{where} {placement['share']}"
         print(f"{s['model'][:27]:<28}{s['state']:<11}{est.get('mb', '-'):>8} "
-              f"{est.get('rung', '-'):<10}{s['pid'] or '-':>8}{s['active_requests']:>7}  {where}")
+              f"{est.get('rung', '-'):<14}{s['pid'] or '-':>8}{s['active_requests']:>7}  {where}")
     print(f"\nqueue depth: {data['queue']['depth']}   leases: {len(data['leases'])}")
     return 0
 

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..catalog.manifest import ModelManifest
+from ..catalog.manifest import KV_CACHE_BYTES, BackendKind, ModelManifest
+from .gguf_info import FitProjection, llama_fit, read_gguf_info
 
 GGUF_FACTOR = 1.1
 SAFETENSORS_FACTOR = 1.3
@@ -20,7 +21,7 @@ _QUANT_BYTES = {  # bytes per parameter by quantisation tag in a file name
 @dataclass(frozen=True, slots=True)
 class VramEstimate:
     mb: int
-    rung: str  # measured | manifest | file | file_size | name | default
+    rung: str  # measured | manifest | llama.cpp-fit | file | file_size | name | default
     detail: str = ""
 
     def to_dict(self) -> dict:
@@ -66,17 +67,16 @@ def from_name(name: str) -> VramEstimate | None:
 def from_file(manifest: ModelManifest, path: Path) -> VramEstimate | None:
     """The file's own metadata: GGUF tensors + KV cache + compute; safetensors headers."""
     if path.is_file() and path.suffix == ".gguf":
-        from .gguf_info import read_gguf_info
-
         info = read_gguf_info(path)
         if info is None or info.block_count == 0:
             return None
-        kv = info.kv_bytes(manifest.ctx_size)
+        kv = info.kv_bytes(manifest.ctx_size, k_bytes=KV_CACHE_BYTES[manifest.cache_type_k],
+                           v_bytes=KV_CACHE_BYTES[manifest.cache_type_v])
         compute = info.compute_bytes()
         total = info.total_bytes + kv + compute
         return VramEstimate(
             int(total / 2**20) + 1, "file",
-            f"weights {info.total_bytes / 2**20:.0f} MB + KV f16 for ctx {manifest.ctx_size} "
+            f"weights {info.total_bytes / 2**20:.0f} MB + KV ({kv_text(manifest)}) "
             f"{kv / 2**20:.0f} MB + compute {compute / 2**20:.0f} MB")
     weights = safetensors_bytes(path)
     if weights:
@@ -84,6 +84,43 @@ def from_file(manifest: ModelManifest, path: Path) -> VramEstimate | None:
         return VramEstimate(int(weights * overhead / 2**20) + 1, "file",
                             f"safetensors headers {weights / 2**20:.0f} MB x {overhead}")
     return None
+
+
+def kv_text(manifest: ModelManifest) -> str:
+    """"f16 for ctx 4096 shared by 4 slots": what the KV figure covers."""
+    types = manifest.cache_type_k if manifest.cache_type_k == manifest.cache_type_v \
+        else f"{manifest.cache_type_k}/{manifest.cache_type_v}"
+    slots = manifest.concurrency
+    shared = f" shared by {slots} slots" if slots > 1 else ""
+    return f"{types} for ctx {manifest.ctx_size}{shared}"
+
+
+def from_llama_fit(manifest: ModelManifest, path: Path,
+                   probe=llama_fit) -> VramEstimate | None:
+    """llama.cpp's own projection (its parameter fitting, nothing allocated) for this file,
+    context, slots and cache types. A CPU build projects host buffers: its compute buffer is
+    the CPU's, so the GPU compute estimate of :meth:`GGUFInfo.compute_bytes` stands in when
+    larger."""
+    if manifest.backend != BackendKind.LLAMA_SERVER or path.suffix != ".gguf":
+        return None
+    fit: FitProjection | None = probe(path, ctx_size=manifest.ctx_size,
+                                      parallel=manifest.concurrency,
+                                      cache_type_k=manifest.cache_type_k,
+                                      cache_type_v=manifest.cache_type_v,
+                                      flash_attn=manifest.flash_attention)
+    if fit is None:
+        return None
+    compute, note = fit.compute_mb, ""
+    info = read_gguf_info(path)
+    if fit.host_only and info is not None:
+        gpu_compute = int(info.compute_bytes() / 2**20) + 1
+        if gpu_compute > compute:
+            compute, note = gpu_compute, f" (llama.cpp's CPU figure {fit.compute_mb} MB)"
+    total = fit.model_mb + fit.context_mb + compute
+    return VramEstimate(
+        total, "llama.cpp-fit",
+        f"llama.cpp on {'/'.join(fit.devices)}: model {fit.model_mb} MB + context "
+        f"{fit.context_mb} MB (KV {kv_text(manifest)}) + compute {compute} MB{note}")
 
 
 def safetensors_bytes(path: Path) -> int:
@@ -115,13 +152,19 @@ def estimate_vram(
     path: Path | None,
     *,
     measured_mb: int | None = None,
+    fit_estimator=from_llama_fit,
     file_estimator=from_file,
 ) -> VramEstimate:
-    """measured → manifest ``vram_mb`` → the file's own metadata → file size → name → 1 GB."""
+    """measured → manifest ``vram_mb`` → llama.cpp's own projection (GGUF with the
+    ``xllamacpp`` package) → the file's own metadata → file size → name → 1 GB."""
     if measured_mb:
         return VramEstimate(int(measured_mb), "measured", "reported after a previous load")
     if manifest.vram_mb:
         return VramEstimate(manifest.vram_mb, "manifest", "vram_mb in the manifest")
+    if fit_estimator is not None and path is not None:
+        projected = fit_estimator(manifest, path)
+        if projected is not None:
+            return projected
     if file_estimator is not None and path is not None:
         found = file_estimator(manifest, path)
         if found is not None:

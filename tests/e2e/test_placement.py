@@ -35,7 +35,7 @@ def test_estimate_from_gguf_and_split_across_three_small_gpus(make_server, demo_
                          [llama_manifest("smol", demo_gguf)])  # no vram_mb in the manifest
     assert chat(server, "smol").status_code == 200
     slot = server.status()["slots"][0]
-    assert slot["vram_estimate"]["rung"] == "file" and slot["vram_estimate"]["mb"] > 200
+    assert slot["vram_estimate"]["rung"] == "llama.cpp-fit" and slot["vram_estimate"]["mb"] > 200
     placement = slot["placement"]
     assert placement["kind"] == "split" and len(placement["allocations"]) == 3
     assert sum(placement["allocations"].values()) == slot["vram_estimate"]["mb"]

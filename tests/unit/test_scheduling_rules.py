@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from model_boss.catalog import ModelManifest
-from model_boss.gpu.estimate import estimate_vram, from_name
+from model_boss.gpu.estimate import estimate_vram, from_llama_fit, from_name
+from model_boss.gpu.gguf_info import llama_fit, parse_fit_output
 from model_boss.gpu.placement import LayerCosts, place, place_partial, place_split
 from model_boss.inference.budget import Prediction, admit, predict
 from model_boss.inference.eviction import SlotView, evict_candidates, victims_for
@@ -101,10 +102,10 @@ def test_place_partial(free, costs, layers):
 
 def test_estimate_chain_rungs(tmp_path, demo_gguf):
     gguf = ModelManifest(id="m", path=str(demo_gguf), ctx_size=1024)
-    found = estimate_vram(gguf, demo_gguf)
+    found = estimate_vram(gguf, demo_gguf, fit_estimator=None)
     assert found.rung == "file" and 250 < found.mb < 320 and "KV" in found.detail
     bigger_ctx = estimate_vram(ModelManifest(id="m", path=str(demo_gguf), ctx_size=8192),
-                               demo_gguf)
+                               demo_gguf, fit_estimator=None)
     assert bigger_ctx.mb > found.mb
     assert estimate_vram(gguf, demo_gguf, measured_mb=321).rung == "measured"
     assert estimate_vram(ModelManifest(id="m", vram_mb=777), demo_gguf).mb == 777
@@ -117,6 +118,78 @@ def test_estimate_chain_rungs(tmp_path, demo_gguf):
     assert named.rung == "name" and 4000 < named.mb < 6000
     assert estimate_vram(ModelManifest(id="mystery"), None).rung == "default"
     assert from_name("no-size-here") is None
+
+
+def kv_mb(demo_gguf, **fields) -> float:
+    manifest = ModelManifest(id="m", path=str(demo_gguf), **fields)
+    found = estimate_vram(manifest, demo_gguf, fit_estimator=None)
+    return float(found.detail.split("KV (")[1].split(") ")[1].split(" MB")[0])
+
+
+@pytest.mark.parametrize("fields, expected_mb", [
+    ({"ctx_size": 4096}, 90),  # 30 layers x 4096 tokens x 3 KV heads x 64 x (2 + 2) bytes
+    ({"ctx_size": 4096, "parallel": 4}, 90),  # the slots share ctx_size: no more KV
+    ({"ctx_size": 8192, "parallel": 4}, 180),
+    ({"ctx_size": 4096, "cache_type_k": "q8_0", "cache_type_v": "q8_0"}, 48),  # 34/32 B
+    ({"ctx_size": 4096, "cache_type_k": "q8_0"}, 69),
+    ({"ctx_size": 4096, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}, 25),  # 18/32 B
+])
+def test_kv_cache_follows_ctx_and_cache_types_not_parallel(demo_gguf, fields, expected_mb):
+    """llama.cpp's server holds ctx_size tokens for all its slots together (each slot gets
+    ctx_size / parallel), at the cache types' bytes per element."""
+    assert kv_mb(demo_gguf, **fields) == expected_mb
+
+
+LLAMA_FIT_LOG = """\
+0.00.003.780 I common_params_fit_impl: getting device memory data for initial parameters:
+0.00.206.667 I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.00.206.668 I common_memory_breakdown_print: |   - CUDA0 (NVIDIA RTX 4090)  | 24080 = 20000 + ( 3300 =  3000 +     200 +     100) +     780 |
+0.00.206.669 I common_memory_breakdown_print: |   - CUDA1 (NVIDIA RTX 4090)  | 24080 = 21000 + ( 2300 =  2000 +     200 +      80) +     780 |
+0.00.206.720 I common_memory_breakdown_print: |   - Host               |                  400 =   380 +      0 +      20                |
+0.00.228.095 I common_params_fit_impl: projected to use 5600 MiB of device memory vs. 41000 MiB of free device memory
+0.00.228.096 I common_memory_breakdown_print: |   - Host               |                  999 =   999 +      0 +      0                |
+"""  # noqa: E501
+
+
+def test_llama_fit_output_is_read_from_the_first_breakdown_table():
+    found = parse_fit_output(LLAMA_FIT_LOG)
+    assert found is not None and not found.host_only
+    assert found.devices == ("CUDA0 (NVIDIA RTX 4090)", "CUDA1 (NVIDIA RTX 4090)", "Host")
+    assert (found.model_mb, found.context_mb, found.compute_mb) == (5380, 400, 200)
+    assert parse_fit_output("no table here") is None
+
+
+def test_llama_fit_rung_uses_llama_cpp_figures_and_gpu_compute_on_a_cpu_build(demo_gguf,
+                                                                              tmp_path):
+    calls = []
+
+    def probe(argv_tail):
+        calls.append(argv_tail)
+        return ("x common_memory_breakdown_print: |   - Host  |   130 =    92 +   22 +   16  |\n"
+                "x common_params_fit_impl: projected to use 130 MiB of host memory\n")
+
+    manifest = ModelManifest(id="m", path=str(demo_gguf), ctx_size=1000, parallel=2)
+    fit = llama_fit(demo_gguf, ctx_size=1000, parallel=2, cache_type_k="f16",
+                    cache_type_v="q8_0", flash_attn="auto", runner=probe,
+                    cache_file=tmp_path / "fit.json")
+    if fit is None:
+        pytest.skip("needs the xllamacpp package")
+    assert calls and calls[0][calls[0].index("--parallel") + 1] == "2"
+    assert calls[0][calls[0].index("--cache-type-v") + 1] == "q8_0"
+    again = llama_fit(demo_gguf, ctx_size=1000, parallel=2, cache_type_k="f16",
+                      cache_type_v="q8_0", flash_attn="auto", runner=probe,
+                      cache_file=tmp_path / "fit.json")
+    assert again == fit and len(calls) == 1  # kept, not probed again
+    found = estimate_vram(manifest, demo_gguf, fit_estimator=lambda m, p: from_llama_fit(
+        m, p, probe=lambda *a, **k: fit))
+    assert found.rung == "llama.cpp-fit" and "llama.cpp on Host" in found.detail
+    # a CPU build's compute buffer is the CPU's: the GPU compute estimate stands in
+    file_rung = estimate_vram(manifest, demo_gguf, fit_estimator=None)
+    compute = int(found.detail.split("compute ")[1].split(" MB")[0])
+    assert compute > 16 and "CPU figure 16 MB" in found.detail
+    assert abs(compute - int(file_rung.detail.split("compute ")[1].split(" MB")[0])) <= 1
+    assert found.mb == 92 + 22 + compute
+    assert estimate_vram(ModelManifest(id="m", vram_mb=50), demo_gguf).rung == "manifest"
 
 
 def test_safetensors_headers(tmp_path):

@@ -8,7 +8,7 @@ the API key from ``LLAMA_API_KEY`` (as ``llama-server`` reads it), kept out of a
 dies with its parent (PR_SET_PDEATHSIG and ``--parent-pid``) and exits 0 on SIGTERM.
 
 Modules: ``options`` (the command line → ``xllamacpp.CommonParams``), ``lifetime`` (parent
-watch, stop on a signal).
+watch, stop on a signal), ``fit`` (``--fit-only``: llama.cpp's own memory projection).
 """
 
 from __future__ import annotations

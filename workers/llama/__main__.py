@@ -14,6 +14,10 @@ def main(argv: list[str] | None = None) -> None:
     """Parent-death safety first; load and serve in a thread (llama.cpp's server answers once
     the model is in); exit 0 on SIGTERM, 1 when the load fails."""
     options = parse_args(argv)
+    if options.fit_only:
+        from .fit import project
+
+        project(options)
     die_with_parent(options.parent_pid)
     block_stop_signals()
     failed = threading.Event()

@@ -5,6 +5,7 @@
         [--parallel N] [--chat-template NAME | --chat-template-file FILE]
         [--flash-attn on|off|auto] [--cache-type-k f16] [--cache-type-v f16]
         [--embeddings] [--pooling mean] [--reranking] [--alias NAME] [--metrics] [--parent-pid PID]
+        [--fit-only]
 
 The API key comes from ``LLAMA_API_KEY`` (``--api-key`` is accepted too, but shows in ``ps``).
 """
@@ -48,6 +49,7 @@ class WorkerOptions:
     metrics: bool = False
     api_key: str | None = None
     parent_pid: int | None = None
+    fit_only: bool = False  # print llama.cpp's memory projection and exit (``fit``)
 
 
 def _split(text: str) -> tuple[float, ...]:
@@ -81,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--fit-only", action="store_true",
+                        help="print llama.cpp's memory projection for these flags and exit")
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
@@ -96,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         reranking=args.reranking,
         alias=args.alias, metrics=args.metrics,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        parent_pid=args.parent_pid)
+        parent_pid=args.parent_pid, fit_only=args.fit_only)
 
 
 def to_params(options: WorkerOptions) -> Any:
