@@ -1,0 +1,201 @@
+"""LLM worker throughput and cold start on the demo model, side by side in one run.
+
+Tokens per second with 1 and 8 concurrent streaming clients (``stream_options.include_usage``
+gives each stream's completion tokens; ``ignore_eos`` makes every answer ``--tokens`` long):
+
+- direct: llama.cpp's native server (``python -m workers.llama``, from ``xllamacpp``) alone;
+- through model-boss: the same worker kind behind the coordinator (manifest ``parallel: 8``);
+- llama_cpp.server: llama-cpp-python's server, when that optional package is installed.
+
+Cold start: the time from nothing running to the first streamed token — starting the native
+server by hand and asking it, against asking model-boss for a model it has not loaded (its
+worker start + load + first token). Medians over ``--runs``. Prints one table. Loopback only.
+
+    .venv/bin/python benchmarks/llm_throughput.py [--tokens 64] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.conftest import DEMO_GGUF, ServerProcess, free_port, llama_manifest, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+PARALLEL = 8
+PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
+
+
+def start_native(gguf: Path, parallel: int) -> tuple[subprocess.Popen, str, dict]:
+    port = free_port()
+    key = "bench-secret"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.llama", "--model", str(gguf), "--port", str(port),
+         "--ctx-size", str(1024 * parallel), "--parallel", str(parallel)],
+        cwd=ROOT, env={**os.environ, "LLAMA_API_KEY": key},
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", {"authorization": f"Bearer {key}"}
+
+
+def start_llama_cpp_python(gguf: Path, parallel: int) -> tuple[subprocess.Popen, str, dict]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
+         "--n_ctx", "1024", "--interrupt_requests", "False"],  # else a new stream cuts the last
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", {}
+
+
+def healthy(url: str, headers: dict) -> bool:
+    try:
+        return httpx.get(url + "/v1/models", headers=headers, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, headers: dict, model: str,
+                     tokens: int) -> tuple[int, float]:
+    """(completion tokens, seconds to the first content chunk)."""
+    body = {"model": model, "messages": PROMPT, "max_tokens": tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = None
+    chunks = usage = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body,
+                             headers=headers) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                first = first if first is not None else time.perf_counter() - started
+                chunks += 1
+            if chunk.get("usage"):
+                usage = chunk["usage"]["completion_tokens"]
+    # the usage chunk where the server sends one; else one content chunk per token
+    return usage or chunks, first if first is not None else float("nan")
+
+
+async def tokens_per_second(url: str, headers: dict, model: str, clients: int,
+                            tokens: int) -> float:
+    # a fresh connection per stream, the same for every server measured: llama.cpp's server
+    # closes idle keep-alive connections on its own schedule
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        await one_stream(client, url, headers, model, 4)  # warm up
+        started = time.perf_counter()
+        results = await asyncio.gather(*[one_stream(client, url, headers, model, tokens)
+                                         for _ in range(clients)])
+        elapsed = time.perf_counter() - started
+    return sum(count for count, _ in results) / elapsed
+
+
+def measure(url: str, headers: dict, model: str, tokens: int, runs: int) -> dict[int, float]:
+    return {n: statistics.median(asyncio.run(tokens_per_second(url, headers, model, n, tokens))
+                                 for _ in range(runs))
+            for n in (1, PARALLEL)}
+
+
+def cold_native(gguf: Path) -> float:
+    started = time.perf_counter()
+    proc, url, headers = start_native(gguf, 1)
+    try:
+        wait_for(lambda: healthy(url, headers), timeout=120, interval=0.02)
+
+        async def first() -> float:
+            async with httpx.AsyncClient(timeout=120) as client:
+                return (await one_stream(client, url, headers, "x", 1))[1]
+
+        asyncio.run(first())
+        return time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def cold_through(server: ServerProcess, model: str) -> float:
+    httpx.post(f"{server.url}/api/v1/models/{model}/unload", timeout=60)
+
+    async def first() -> float:
+        async with httpx.AsyncClient(timeout=120) as client:
+            started = time.perf_counter()
+            await one_stream(client, server.url, {}, model, 1)
+            return time.perf_counter() - started
+
+    return asyncio.run(first())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    gguf = DEMO_GGUF  # scripts/setup.sh fetched it
+    rows: list[tuple[str, dict[int, float] | None]] = []
+
+    proc, url, headers = start_native(gguf, PARALLEL)
+    try:
+        wait_for(lambda: healthy(url, headers), timeout=120)
+        rows.append(("direct: native llama.cpp server", measure(url, headers, "x",
+                                                                args.tokens, args.runs)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(Path(tmp), {"gpus": [{"index": 0, "name": "sim-8g",
+                                                     "vram_mb": 8192}]},
+                               [llama_manifest("smol", gguf, vram_mb=2000, parallel=PARALLEL,
+                                               ctx_size=1024 * PARALLEL),
+                                llama_manifest("cold", gguf, vram_mb=2000)]).start()
+        try:
+            rows.append(("through model-boss (native worker)",
+                         measure(server.url, {}, "smol", args.tokens, args.runs)))
+            cold_mb = statistics.median(cold_through(server, "cold") for _ in range(args.runs))
+        finally:
+            server.stop()
+    cold_alone = statistics.median(cold_native(gguf) for _ in range(args.runs))
+
+    if importlib.util.find_spec("llama_cpp") is not None:
+        proc, url, headers = start_llama_cpp_python(gguf, PARALLEL)
+        try:
+            wait_for(lambda: healthy(url, headers), timeout=120)
+            rows.append(("llama_cpp.server (llama-cpp-python)",
+                         measure(url, headers, "x", args.tokens, args.runs)))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    else:
+        rows.append(("llama_cpp.server (llama-cpp-python)", None))
+
+    direct = rows[0][1]
+    assert direct is not None
+    print(f"SmolLM2-135M Q4_1, {args.tokens} tokens per answer, median of {args.runs} runs, "
+          f"{os.cpu_count()} CPU cores")
+    print(f"{'tokens/s':<40}{'1 client':>10}{'x direct':>10}{'8 clients':>11}{'x direct':>10}")
+    for name, figures in rows:
+        if figures is None:
+            print(f"{name:<40}{'not installed':>41}")
+            continue
+        print(f"{name:<40}{figures[1]:>10.1f}{figures[1] / direct[1]:>10.2f}"
+              f"{figures[PARALLEL]:>11.1f}{figures[PARALLEL] / direct[PARALLEL]:>10.2f}")
+    print(f"{'cold start to first token (s)':<40}{'seconds':>10}{'x alone':>10}")
+    print(f"{'native server started by hand':<40}{cold_alone:>10.3f}{1.0:>10.2f}")
+    print(f"{'through model-boss (not loaded)':<40}{cold_mb:>10.3f}{cold_mb / cold_alone:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
