@@ -1,11 +1,11 @@
 FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake git \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY . /app
-# For CUDA offload in llama.cpp build with: --build-arg CMAKE_ARGS="-DGGML_CUDA=on"
-ARG CMAKE_ARGS=""
-RUN CMAKE_ARGS="$CMAKE_ARGS" pip install --no-cache-dir -e ".[llama]" \
+# Nothing is compiled: llama.cpp's server comes prebuilt in the xllamacpp wheel (a CPU build).
+# On a CUDA box, install a CUDA build of llama-server into the image (or mount one) and set
+# MODEL_BOSS_LLAMA_SERVER_BINARY=/path/to/llama-server: llama manifests then run it
+# (worker: binary); see docs/CONFIGURATION.md.
+RUN pip install --no-cache-dir -e ".[llama]" \
     && python scripts/fetch_demo_model.py /models
 ENV MODEL_BOSS_HOST=0.0.0.0 MODEL_BOSS_MODELS_DIR=/models MODEL_BOSS_STATE_DIR=/state
 EXPOSE 8210
