@@ -24,7 +24,7 @@ KILLS = 20
 def test_kill_mid_stream_then_next_request_succeeds(make_server, demo_gguf):
     server = make_server({"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}]},
                          [llama_manifest("smol", demo_gguf, vram_mb=1000)])
-    stream_body = {"model": "smol", "stream": True, "max_tokens": 400,
+    stream_body = {"model": "smol", "stream": True, "max_tokens": 400, "ignore_eos": True,
                    "messages": [{"role": "user", "content": "Write a very long story."}]}
     chat = {"model": "smol", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     recovered = 0
