@@ -60,7 +60,21 @@ def _call(method: str, args: argparse.Namespace, path: str, body: dict | None = 
     return 0 if response.status_code < 400 else 1
 
 
+def _ps_cluster(args: argparse.Namespace) -> int:
+    from .cli_cluster import format_cluster
+
+    try:
+        data = httpx.get(_url(args) + "/api/v1/cluster", headers=_headers(), timeout=10).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
+        return 1
+    print(format_cluster(data))
+    return 0
+
+
 def _ps(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _ps_cluster(args)
     try:
         data = httpx.get(_url(args) + "/api/v1/status", headers=_headers(), timeout=10).json()
     except httpx.HTTPError as exc:
@@ -96,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="YAML settings file (or MODEL_BOSS_CONFIG)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    sub.add_parser("ps", help="GPUs and slots of a running daemon")
+    sub.add_parser("ps", help="GPUs and slots of a running daemon").add_argument(
+        "--cluster", action="store_true", help="every member of its cluster and their models")
     sub.add_parser("status", help="the full status document as JSON")
     for name in ("load", "unload", "pin", "unpin"):
         sub.add_parser(name, help=f"{name} a model").add_argument("model")

@@ -12,6 +12,7 @@ import psutil
 
 from .catalog import Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
+from .cluster import Cluster
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
@@ -67,13 +68,20 @@ class Coordinator:
         self.jobs = JobManager(job_store, job_runner(self),
                                result_ttl_s=settings.job_result_ttl_s,
                                max_active=settings.max_jobs)
+        self.cluster = Cluster(settings, self.catalog, self.pool, self.queue) \
+            if settings.cluster else None
+        if self.cluster is not None:
+            self.events.listen(self.cluster.membership.on_event)
         self._loops: list[asyncio.Task] = []
 
     def _make_store(self) -> LeaseStore:
         if self.settings.redis_url:
             from .gpu.redis_store import RedisLeaseStore
 
-            return RedisLeaseStore(self.settings.redis_url)
+            # in a cluster each GPU host keeps its leases apart: GPU 0 here is not GPU 0 there
+            prefix = f"model-boss:host:{self.settings.member_id}" if self.settings.cluster \
+                else "model-boss"
+            return RedisLeaseStore(self.settings.redis_url, prefix=prefix)
         return EmbeddedLeaseStore()
 
     async def start(self) -> None:
@@ -108,6 +116,8 @@ class Coordinator:
                                                name="metadata"))
         for model in self.settings.preload:
             self._preload(model)
+        if self.cluster is not None:
+            await self.cluster.start()
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
 
@@ -159,6 +169,8 @@ class Coordinator:
                         ).add_done_callback(done)
 
     async def stop(self) -> None:
+        if self.cluster is not None:  # the others stop sending work here first
+            await self.cluster.stop()
         await self.jobs.shutdown()
         for task in self._loops:
             task.cancel()
@@ -189,6 +201,8 @@ class Coordinator:
         return {
             "uptime_s": round(time.time() - self.started_at, 1),
             "lease_store": "redis" if self.settings.redis_url else "embedded",
+            "cluster": {"host_id": self.cluster.host_id, "url": self.settings.member_url}
+            if self.cluster else None,
             "gpus": [u.to_dict() for u in usage],
             "slots": self.pool.status(),
             "queue": self.queue.status(),

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import contextvars
 import os
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -65,6 +73,15 @@ class Settings(BaseSettings):
     gpus: list[DeclaredGPU] = Field(default_factory=list)
     use_nvml: bool = True
     redis_url: str = ""
+    # several coordinators sharing one Redis (docs/CLUSTER.md): on with ``cluster: true``
+    cluster: bool = False
+    cluster_secret: SecretStr | None = None  # MODEL_BOSS_CLUSTER_SECRET; members' forwards
+    advertise_url: str = ""  # how other members reach this one; default http://{host}:{port}
+    host_id: str = ""  # this member's name in the cluster; default {hostname}:{port}
+    cluster_heartbeat_s: float = Field(default=2.0, gt=0)
+    cluster_member_ttl_s: float = Field(default=6.0, gt=0)  # a member is out after this
+    cluster_load_lock_s: float = Field(default=10.0, gt=0)  # one load per model at a time
+    cluster_job_claim_s: float = Field(default=30.0, gt=0)  # a dead member's jobs are taken
     reclaim_sleep_s: float = Field(default=2.0, ge=0)
     vram_margin_mb: int = Field(default=512, ge=0)
     lease_ttl_s: float = Field(default=30.0, gt=0)
@@ -113,6 +130,29 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _cluster_needs_redis(self) -> Settings:
+        if self.cluster:
+            if not self.redis_url:
+                raise ValueError("cluster: true needs redis_url (the Redis every member shares)")
+            if self.cluster_secret is None or not self.cluster_secret.get_secret_value():
+                raise ValueError("cluster: true needs cluster_secret (or the "
+                                 "MODEL_BOSS_CLUSTER_SECRET environment variable)")
+            if self.cluster_member_ttl_s <= self.cluster_heartbeat_s:
+                raise ValueError("cluster_member_ttl_s must be longer than "
+                                 "cluster_heartbeat_s")
+        return self
+
+    @property
+    def member_id(self) -> str:
+        """This coordinator's host id in a cluster."""
+        return self.host_id or f"{socket.gethostname()}:{self.port}"
+
+    @property
+    def member_url(self) -> str:
+        """The URL other members forward to."""
+        return (self.advertise_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     def stay_warm_for(self, category: str) -> float:
         return self.stay_warm_s.get(category, DEFAULT_STAY_WARM_S.get(category, 300.0))

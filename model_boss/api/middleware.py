@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..cluster import FORWARDED_HEADER, forward_refusal
 from ..coordinator import Coordinator
 from ..settings import Settings
 from .errors import envelope, internal_error
@@ -59,8 +60,15 @@ class AuthAndMetrics:
             await self.app(scope, receive, send)
             return
         settings = self.coord.settings
-        if settings.api_key or settings.admin_api_key:
-            denied = _check_key(scope["path"], Headers(scope=scope), settings)
+        headers = Headers(scope=scope)
+        if FORWARDED_HEADER in headers:  # a forward from a cluster member, or a forgery
+            refusal = forward_refusal(headers, self.coord.cluster.secret
+                                      if self.coord.cluster else None)
+            if refusal is not None:
+                await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
+                return
+        elif settings.api_key or settings.admin_api_key:
+            denied = _check_key(scope["path"], headers, settings)
             if denied is not None:
                 await denied(scope, receive, send)
                 return

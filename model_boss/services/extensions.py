@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
+from ..cluster import FORWARDED_HEADER
 from .validation import parse
 
 
@@ -57,6 +58,7 @@ class Extensions:
     task: str | None = None
     thinking: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    forwarded: bool = False  # sent on by a cluster member (secret checked): served here
 
 
 def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:
@@ -70,4 +72,5 @@ def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensio
     fields = parse(ExtensionFields, known)
     return Extensions(client_id=fields.x_client_id, priority=fields.x_priority,
                       budget_s=fields.x_budget_s, keep_alive_s=fields.x_keep_alive_s,
-                      task=fields.x_task, thinking=fields.x_thinking, extra=found)
+                      task=fields.x_task, thinking=fields.x_thinking, extra=found,
+                      forwarded=FORWARDED_HEADER in headers)

@@ -32,6 +32,7 @@ from ..errors import (
 from ..inference import QueuedRequest, SlotTicket
 from ..inference.backends import BACKENDS
 from .cancel import unless_disconnected
+from .clustered import serve_clustered
 from .extensions import Extensions
 from .native import PROPS, worker_props
 from .redact import redacted
@@ -166,6 +167,16 @@ def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
 async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
                     ext: Extensions, disconnected: asyncio.Event | None,
                     on_dispatch: Dispatched | None) -> Served:
+    if coord.cluster is None:
+        return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch)
+    return await unless_disconnected(disconnected, serve_clustered(
+        coord, queued, body, ext,
+        lambda: _serve_here(coord, queued, body, ext, disconnected, on_dispatch)))
+
+
+async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
+                      ext: Extensions, disconnected: asyncio.Event | None,
+                      on_dispatch: Dispatched | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
     ticket: SlotTicket = await unless_disconnected(disconnected, coord.queue.acquire(queued))
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}

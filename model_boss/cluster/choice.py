@@ -1,0 +1,99 @@
+"""Which member serves a request: a pure function over the members' published records.
+
+Order of preference:
+
+1. a member where the model is READY, one with a parallel slot free first, then the shortest
+   queue, this member on a tie;
+2. a member where it is on its way (LOADING, or parked in CPU RAM: OFFLOADED), so a second
+   copy is not loaded beside it;
+3. nowhere: each member's own :func:`~model_boss.inference.planner.plan` over its published
+   snapshot; fits without eviction first, then the cheapest eviction (fewest MB evicted),
+   then waiting for room; within each, the shortest queue, then this member, then the host
+   id (so every member, given the same records, names the same one).
+
+Members that do not serve the model (not in their catalog, or unavailable there), or where
+it can never fit, are never chosen. When no member can take it, this member answers (its own
+error says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..inference.planner import Demand, Evict, Fit, Never, Wait, plan
+from .records import MemberRecord
+
+ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")
+
+
+@dataclass(frozen=True, slots=True)
+class Here:
+    """Serve on this member; ``cold``: the model is nowhere yet (this member loads it)."""
+
+    reason: str
+    cold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class There:
+    """Forward to ``member``; ``cold``: the model is nowhere yet (``member`` loads it)."""
+
+    member: MemberRecord
+    reason: str
+    cold: bool = False
+
+
+Choice = Here | There
+
+
+def choose_member(demand: Demand, members: Sequence[MemberRecord], local_id: str,
+                  now: float) -> Choice:
+    """Pick the member for ``demand``. Pure: no I/O, no clock (``now`` is given)."""
+    model = demand.model_id
+    serving = [m for m in members if model in m.models]
+    ready = [(m, s) for m in serving if (s := m.slot(model)) is not None and s.state == "ready"]
+    if ready:
+        member, _ = min(ready, key=lambda pair: (
+            pair[1].parallel_free == 0, pair[1].queued, pair[1].active,
+            pair[0].host_id != local_id, pair[0].host_id))
+        return _pick(member, local_id, f"'{model}' is ready on {member.host_id}")
+    coming = [m for m in serving
+              if (s := m.slot(model)) is not None and s.state in ON_THE_WAY]
+    if coming:
+        member = min(coming, key=lambda m: (m.host_id != local_id, m.host_id))
+        state = member.slot(model).state  # type: ignore[union-attr]
+        return _pick(member, local_id, f"'{model}' is {state} on {member.host_id}")
+    costed = []
+    for member in serving:
+        cost = _cost(demand, member, now)
+        if cost is not None:
+            costed.append((cost, member.queue_depth, member.host_id != local_id,
+                           member.host_id, member))
+    if not costed:
+        return Here(f"no member can take '{model}'")
+    best = min(costed, key=lambda row: row[:4])
+    return _pick(best[4], local_id, f"'{model}' is nowhere; {best[4].host_id} "
+                                    f"{_COST_WORDS[best[0][0]]}", cold=True)
+
+
+_COST_WORDS = {0: "has room for it", 1: "can make room for it", 2: "will have room for it"}
+
+
+def _cost(demand: Demand, member: MemberRecord, now: float) -> tuple[int, int] | None:
+    """(rank, evicted MB) of loading on ``member``; None when it never can."""
+    answer = plan(demand, member.snapshot(now))
+    if isinstance(answer, Fit):
+        return (0, 0)
+    if isinstance(answer, Evict):
+        victims = [member.slot(v) for v in answer.victims]
+        return (1, sum(sum(s.allocations.values()) for s in victims if s is not None))
+    if isinstance(answer, Wait):
+        return (2, 0)
+    assert isinstance(answer, Never)
+    return None
+
+
+def _pick(member: MemberRecord, local_id: str, reason: str, cold: bool = False) -> Choice:
+    return Here(reason, cold) if member.host_id == local_id else There(member, reason, cold)
+

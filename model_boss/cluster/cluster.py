@@ -1,0 +1,179 @@
+"""Cluster: one coordinator's part in a cluster of coordinators sharing one Redis.
+
+It owns the membership (heartbeat, view), the forwarder and the load locks, and answers the
+one question the serving service asks: where does this request run (:meth:`route`)?
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog import Catalog
+from ..errors import StoreUnavailable
+from ..inference import InferenceQueue, ModelPool
+from ..settings import Settings
+from .choice import Here, There, choose_member
+from .forward import Forwarder
+from .membership import Membership
+from .records import MemberRecord
+from .store import ClusterStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Route:
+    """Where one request runs: ``member`` (None: here) and why. ``loader`` is set when this
+    request named the loader of a cold model (it holds the load lock while it runs)."""
+
+    member: MemberRecord | None
+    reason: str
+    loader: str | None = None
+    model: str = ""
+
+
+class Cluster:
+    """Membership, routing and forwarding for one member."""
+
+    def __init__(self, settings: Settings, catalog: Catalog, pool: ModelPool,
+                 queue: InferenceQueue) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.pool = pool
+        secret = settings.cluster_secret.get_secret_value() if settings.cluster_secret else ""
+        self.secret = secret
+        self.store = ClusterStore(settings.redis_url)
+        self.membership = Membership(settings, self.store, catalog, pool, queue)
+        self.forwarder = Forwarder(settings.member_id, secret,
+                                   timeout_s=settings.request_timeout_s)
+        self.host_id = settings.member_id
+        self._background: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        await self.membership.start()
+
+    async def stop(self) -> None:
+        for task in list(self._background):
+            with contextlib.suppress(BaseException):
+                await task
+        await self.membership.stop()
+        await self.forwarder.close()
+        await self.store.close()
+
+    # -- routing ------------------------------------------------------------------------
+
+    def _members(self) -> list[MemberRecord]:
+        members = dict(self.membership.view)
+        members.setdefault(self.host_id, MemberRecord(self.host_id, self.membership.url, ""))
+        return list(members.values())
+
+    async def route(self, model_id: str, priority: int) -> Route:
+        """Where a request for ``model_id`` runs. Warm or on its way somewhere: there. Else
+        the cheapest member loads it, named under the model's load lock; a request that
+        finds the lock taken goes to the member it names."""
+        entry = self.catalog.get_available(model_id)
+        local = self.pool.slots.get(model_id)
+        state = str(local.state) if local is not None else "idle"
+        if state not in ("idle", "ready"):
+            return Route(None, f"'{model_id}' is {state} here")
+        demand = self.pool.demand(entry, priority)
+        choice = choose_member(demand, self._members(), self.host_id, time.time())
+        if not choice.cold:
+            return _route(choice)
+        if state == "ready":  # our own record was older than the slot
+            return Route(None, f"'{model_id}' is ready here")
+        target = choice.member.host_id if isinstance(choice, There) else self.host_id
+        try:
+            taken, loader = await self.store.take_load(model_id, target,
+                                                       self.settings.cluster_load_lock_s)
+            if taken:
+                # fresh records: the loader before us may have published and let go since
+                await self.membership.refresh()
+                again = choose_member(demand, self._members(), self.host_id, time.time())
+                if not again.cold:
+                    await self.store.keep_load(model_id, target, 0)
+                    return _route(again)
+                route = _route(choice)
+                route.loader, route.model = target, model_id
+                return route
+        except StoreUnavailable as exc:
+            log.warning("cluster: load lock for '%s' unavailable (%s); loading here",
+                        model_id, exc.message)
+            return Route(None, "Redis unreachable: served here")
+        named = self.membership.view.get(loader)
+        if loader == self.host_id or named is None:
+            return Route(None, f"'{model_id}' is being loaded here" if loader == self.host_id
+                         else f"'{model_id}' is being loaded by {loader} (not in view)")
+        return Route(named, f"'{model_id}' is being loaded on {loader}")
+
+    @contextlib.asynccontextmanager
+    async def holding(self, route: Route) -> AsyncIterator[None]:
+        """Keep the load lock ``route`` took while the request runs; after success it lingers
+        a heartbeat (the loader's record catches up), after a failure it goes at once."""
+        if route.loader is None:
+            yield
+            return
+        lock_s = self.settings.cluster_load_lock_s
+        keeper = asyncio.create_task(self._keep_lock(route, lock_s))
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            # nothing awaited here: the request's answer (a stream holding its slot) must
+            # reach the caller even if it is cancelled now
+            keeper.cancel()
+            linger = min(2 * self.settings.cluster_heartbeat_s, lock_s) if ok else 0
+            self._spawn(self._let_go(route, linger))
+
+    async def _let_go(self, route: Route, linger_s: float) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.keep_load(route.model, route.loader or "", linger_s)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _keep_lock(self, route: Route, lock_s: float) -> None:
+        while True:
+            await asyncio.sleep(lock_s / 3)
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.keep_load(route.model, route.loader or "", lock_s)
+
+    def unreachable(self, member: MemberRecord) -> None:
+        log.warning("cluster: member %s (%s) unreachable; serving here", member.host_id,
+                    member.url)
+        self.membership.forget(member.host_id)
+
+    # -- the cluster as a document ------------------------------------------------------
+
+    async def describe(self) -> dict[str, Any]:
+        """Members and, per model, where it is and in which tier (a fresh read)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.membership.refresh()
+        members = sorted(self._members(), key=lambda m: m.host_id)
+        now = time.time()
+        models: dict[str, list[dict[str, Any]]] = {}
+        for member in members:
+            for slot in member.slots:
+                models.setdefault(slot.model, []).append(
+                    {"host_id": member.host_id, "state": slot.state, "tier": slot.tier,
+                     "active": slot.active, "queued": slot.queued,
+                     "parallel_free": slot.parallel_free})
+        return {
+            "enabled": True, "host_id": self.host_id,
+            "members": [{**m.to_dict(), "age_s": round(max(0.0, now - m.updated_at), 3),
+                         "self": m.host_id == self.host_id} for m in members],
+            "models": models,
+        }
+
+
+def _route(choice: Here | There) -> Route:
+    return Route(choice.member if isinstance(choice, There) else None, choice.reason)

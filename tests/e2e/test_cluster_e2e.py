@@ -1,0 +1,177 @@
+"""Three real coordinators sharing one real Redis, each with its own declared GPU and port.
+
+One cluster for the module; the tests run in order and build on each other's state: a model
+warm on C is served through A (streaming); a model nowhere loads on the member with room; a
+burst sent to all three loads a model once; a forward without the secret is refused; a Redis
+restart is repaired within a heartbeat; a SIGKILLed member drops out, its leases expire and
+its model is served elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from model_boss.gpu.redis_store import RedisLeaseStore
+from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+SECRET = "cluster-test-secret"
+HEARTBEAT_S = 0.5
+MODELS = ("m1", "m2", "m3")
+
+
+def chat(model: str, **extra) -> dict:
+    return {"model": model, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("cluster-redis"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory, demo_gguf, redis_server):
+    manifests = [llama_manifest(m, demo_gguf, vram_mb=3000) for m in MODELS]
+    servers = {}
+    for host in "abc":
+        servers[host] = ServerProcess(
+            tmp_path_factory.mktemp(f"member-{host}"),
+            {"redis_url": redis_server.url, "cluster": True, "host_id": host,
+             "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": 2.0,
+             "cluster_load_lock_s": 10.0, "lease_ttl_s": 2.0,
+             "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}]},
+            manifests, env={"MODEL_BOSS_CLUSTER_SECRET": SECRET})
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda s: s.start(60), servers.values()))
+        wait_for(lambda: all(len(cluster(s)["members"]) == 3 for s in servers.values()),
+                 timeout=10)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def cluster(server: ServerProcess) -> dict:
+    return httpx.get(server.url + "/api/v1/cluster", timeout=10).json()
+
+
+def where(server: ServerProcess, model: str) -> dict[str, str]:
+    return {p["host_id"]: p["state"] for p in cluster(server)["models"].get(model, [])}
+
+
+def loads(server: ServerProcess, model: str) -> int:
+    return sum(s["loads"] for s in server.status()["slots"] if s["model"] == model)
+
+
+def test_a_model_warm_on_c_is_served_through_a_streaming(members):
+    a, c = members["a"], members["c"]
+    assert httpx.post(c.url + "/api/v1/models/m1/load", timeout=60).status_code == 200
+    wait_for(lambda: where(a, "m1") == {"c": "ready"}, timeout=10)
+    events = []
+    with httpx.stream("POST", a.url + "/v1/chat/completions", timeout=60,
+                      json=chat("m1", stream=True, max_tokens=8, ignore_eos=True,
+                                x_client_id="team-x", x_priority=2)) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["x-model-boss-member"] == "c"
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) >= 3 and events[-1] == "data: [DONE]"
+    assert "m1" not in {s["model"] for s in a.status()["slots"]}  # nothing loaded on A
+    clients = {c["client_id"]: c for c in c.status()["queue"]["clients"]}
+    assert "team-x" in clients  # the client id reached C
+
+
+def test_a_model_nowhere_loads_on_the_member_with_room(members):
+    a, b = members["a"], members["b"]
+    lease = httpx.post(a.url + "/api/v1/leases", json={"vram_mb": 3000, "gpu": 0,
+                                                       "kind": "training"}, timeout=10)
+    assert lease.status_code in (200, 201), lease.text
+    try:
+        wait_for(lambda: cluster(b)["members"][0]["free_mb"]["0"] < 3000, timeout=10)
+        response = httpx.post(a.url + "/v1/chat/completions", json=chat("m2"), timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-model-boss-member"] == "b"
+        assert [s["state"] for s in b.status()["slots"] if s["model"] == "m2"] == ["ready"]
+        assert "m2" not in {s["model"] for s in a.status()["slots"]}
+    finally:
+        httpx.delete(a.url + f"/api/v1/leases/{lease.json()['id']}", timeout=10)
+
+
+def test_the_same_burst_to_all_three_loads_once(members):
+    servers = list(members.values())
+    wait_for(lambda: all(m["free_mb"]["0"] >= 3000 for m in cluster(servers[0])["members"]
+                         if m["host_id"] == "a"), timeout=10)
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=90) as client:
+            return await asyncio.gather(*[
+                client.post(s.url + "/v1/chat/completions", json=chat("m3"))
+                for s in servers for _ in range(3)])
+
+    answers = asyncio.run(burst())
+    assert [r.status_code for r in answers] == [200] * 9, [r.text for r in answers]
+    assert {r.headers["x-model-boss-member"] for r in answers} == {"a"}
+    assert sum(loads(s, "m3") for s in servers) == 1
+
+
+def test_a_forward_without_the_secret_is_refused(members):
+    a = members["a"]
+    for headers in ({"x-model-boss-forwarded": "evil"},
+                    {"x-model-boss-forwarded": "evil", "x-model-boss-cluster-secret": "no"}):
+        response = httpx.post(a.url + "/v1/chat/completions", json=chat("m3"),
+                              headers=headers, timeout=10)
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "forward_refused"
+    ok = httpx.post(a.url + "/v1/chat/completions", json=chat("m3"), timeout=60,
+                    headers={"x-model-boss-forwarded": "b",
+                             "x-model-boss-cluster-secret": SECRET})
+    assert ok.status_code == 200
+
+
+def test_redis_restart_members_reregister_within_a_heartbeat(members, redis_server):
+    a, c = members["a"], members["c"]
+    lease_id = next(s["lease"]["id"] for s in c.status()["slots"] if s["model"] == "m1")
+    redis_server.restart()
+
+    async def c_leases() -> list[str]:
+        store = RedisLeaseStore(redis_server.url, prefix="model-boss:host:c")
+        try:
+            return [lease.id for lease in await store.list()]
+        finally:
+            await store.close()
+
+    # one heartbeat (plus the reconnect) after Redis is back, all is as it was
+    wait_for(lambda: len(cluster(a)["members"]) == 3 and where(a, "m1") == {"c": "ready"}
+             and asyncio.run(c_leases()) == [lease_id], timeout=4 * HEARTBEAT_S + 2)
+    response = httpx.post(a.url + "/v1/chat/completions", json=chat("m1"), timeout=60)
+    assert response.status_code == 200 and response.headers["x-model-boss-member"] == "c"
+
+
+def test_a_killed_member_drops_out_and_its_model_is_served_elsewhere(members, redis_server):
+    a, c = members["a"], members["c"]
+    c.stop(signal.SIGKILL)
+
+    async def c_leases() -> list:
+        store = RedisLeaseStore(redis_server.url, prefix="model-boss:host:c")
+        try:
+            return await store.list()
+        finally:
+            await store.close()
+
+    wait_for(lambda: {m["host_id"] for m in cluster(a)["members"]} == {"a", "b"}, timeout=10)
+    wait_for(lambda: asyncio.run(c_leases()) == [], timeout=10)  # expired with it
+    response = httpx.post(a.url + "/v1/chat/completions", json=chat("m1"), timeout=90)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-model-boss-member"] in ("a", "b")
