@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 
 import psutil
 
@@ -198,21 +199,44 @@ class Coordinator:
     async def status(self) -> dict:
         usage = await self.boss.usage()
         leases = await self.boss.leases()
+        queue = self.queue.status()
         return {
+            "time": time.time(),  # the server's clock, for countdowns against unload_at
             "uptime_s": round(time.time() - self.started_at, 1),
             "lease_store": "redis" if self.settings.redis_url else "embedded",
             "cluster": {"host_id": self.cluster.host_id, "url": self.settings.member_url}
             if self.cluster else None,
             "gpus": [u.to_dict() for u in usage],
             "slots": self.pool.status(),
-            "queue": self.queue.status(),
+            "queue": queue,
             "client_profiles": {name: profile.model_dump(exclude_none=True)
                                 for name, profile in self.settings.clients.items()},
             "offloaded_mb": self.pool.offloaded_mb(),
             "leases": [lease.to_dict() for lease in leases],
-            "models": [
-                {"id": e.manifest.id, "available": e.available,
-                 "unavailable_reason": e.unavailable_reason}
-                for e in self.catalog
-            ],
+            "models": await self.model_views(queue["waiting"]),
         }
+
+    async def model_views(self, waiting: list[dict]) -> list[dict]:
+        """Every manifest, slot or not: what it is, how many requests wait for it, and (for
+        one never loaded, which has no slot) its VRAM estimate. Read-only."""
+        queued = Counter(w["model"] for w in waiting)
+        without_slot = [e for e in self.catalog
+                        if e.available and e.manifest.id not in self.pool.slots]
+        # off the event loop: an estimate not yet cached may read the model file
+        estimates = await asyncio.to_thread(self._estimates, without_slot)
+        return [
+            {"id": e.manifest.id, "aliases": list(e.manifest.aliases),
+             "category": str(e.manifest.category), "backend": str(e.manifest.backend),
+             "parallel": e.manifest.concurrency, "pin": e.manifest.pin,
+             "available": e.available, "unavailable_reason": e.unavailable_reason,
+             "queued": queued.get(e.manifest.id, 0),
+             "vram_estimate": estimates.get(e.manifest.id)}
+            for e in self.catalog
+        ]
+
+    def _estimates(self, entries: list) -> dict[str, dict]:
+        found = {}
+        for entry in entries:
+            with contextlib.suppress(Exception):  # an unreadable file has no estimate to show
+                found[entry.manifest.id] = self.pool.estimate(entry).to_dict()
+        return found

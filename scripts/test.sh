@@ -5,4 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh "llama,diffusion,test"
 .venv/bin/lint-imports  # the layer contract in pyproject.toml [tool.importlinter]
+if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
+  echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
+       "will be SKIPPED. Install it with: apt-get install chromium" >&2
+fi
 exec .venv/bin/python -m pytest "$@"

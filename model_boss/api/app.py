@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from ..coordinator import Coordinator
 from ..settings import Settings, load_settings
-from . import admin, cluster, images, jobs, leases, llamacpp, openai
+from . import admin, cluster, dashboard, images, jobs, leases, llamacpp, openai
 from .errors import install_error_handlers
 from .limits import BodyLimit
 from .middleware import AuthAndMetrics, InternalErrors
@@ -39,6 +39,6 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
-    for module in (openai, llamacpp, admin, images, jobs, leases, cluster):
+    for module in (openai, llamacpp, admin, images, jobs, leases, cluster, dashboard):
         app.include_router(module.router)
     return app

@@ -19,6 +19,8 @@ from .errors import envelope, internal_error
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = {"/health", "/metrics"}
+# The dashboard's static files: no state, no secret; the page asks for a key when the API does.
+OPEN_PREFIXES = ("/ui/",)
 
 
 class InternalErrors:
@@ -97,7 +99,7 @@ class AuthAndMetrics:
 
 
 def _check_key(path: str, headers: Headers, settings: Settings) -> Response | None:
-    if path in OPEN_PATHS:
+    if path in OPEN_PATHS or path == "/ui" or path.startswith(OPEN_PREFIXES):
         return None
     wanted = settings.admin_api_key if path.startswith("/api/") and settings.admin_api_key \
         else settings.api_key

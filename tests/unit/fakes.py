@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from model_boss.catalog import Catalog, ModelManifest
 from model_boss.coordinator import Coordinator
@@ -81,8 +85,24 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
     return coord, log
 
 
+@contextlib.asynccontextmanager
+async def started_client(coord: Coordinator) -> AsyncIterator[httpx.AsyncClient]:
+    """The coordinator started, and a client of its app in-process (no lifespan, no socket)."""
+    from model_boss.api.app import create_app
+
+    app = create_app(coordinator=coord)
+    await coord.start()
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://mb") as client:
+            yield client
+    finally:
+        await coord.stop()
+
+
 def manifest(model_id: str, vram_mb: int = 3000, **extra) -> dict:
     return {"id": model_id, "vram_mb": vram_mb, **extra}
 
 
-__all__ = ["Catalog", "FakeBackend", "ModelManifest", "coordinator", "manifest"]
+__all__ = ["Catalog", "FakeBackend", "ModelManifest", "coordinator", "manifest",
+           "started_client"]

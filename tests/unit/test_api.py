@@ -15,7 +15,7 @@ from model_boss.api.app import create_app
 from model_boss.errors import WorkerCrashed
 from model_boss.inference.backend import UpstreamResponse
 
-from .fakes import FakeBackend, coordinator, manifest
+from .fakes import FakeBackend, coordinator, manifest, started_client
 
 
 @pytest.fixture
@@ -23,12 +23,8 @@ async def api(tmp_path):
     coord, log = coordinator(tmp_path, [manifest("a", 1000, aliases=["alias-a"]),
                                         manifest("b", 1000)],
                              api_key="user-key", admin_api_key="admin-key")
-    app = create_app(coordinator=coord)
-    await coord.start()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+    async with started_client(coord) as client:
         yield client, coord
-    await coord.stop()
 
 
 USER = {"authorization": "Bearer user-key"}

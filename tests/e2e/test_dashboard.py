@@ -1,0 +1,170 @@
+"""The dashboard at /ui in headless Chromium (Debian's package, driven by Playwright's Python
+API) against a real coordinator serving the demo GGUF under two manifests on a declared GPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import ServerProcess, llama_manifest
+
+pytestmark = pytest.mark.slow
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright not installed: pip install -e '.[test]'")
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
+if CHROMIUM is None:
+    pytest.skip("chromium not installed: apt-get install chromium", allow_module_level=True)
+
+expect = sync_api.expect
+GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}]}
+LOAD_S = 120_000  # ms: a cold load on a busy 2-core machine
+
+
+def two_models(gguf) -> list[dict]:
+    return [llama_manifest("smol-a", gguf, aliases=["smol-a:135m"]),
+            llama_manifest("smol-b", gguf)]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_gguf):
+    srv = ServerProcess(tmp_path_factory.mktemp("dashboard"), GPU, two_models(demo_gguf))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+def card(page, model: str):
+    return page.locator(f"article.model[data-model='{model}']")
+
+
+def test_page_renders_gpus_models_and_their_states(page, server):
+    page.goto(server.url + "/ui")
+    expect(page.locator("#live")).to_have_text("live")
+    gpu = page.locator("article.gpu[data-gpu='0']")
+    expect(gpu.locator("h3")).to_have_text("GPU 0 · sim-8g")
+    expect(gpu.locator(".badge")).to_have_text("declared")
+    expect(gpu.locator(".legend")).to_contain_text("free 7.5 GB")  # 8 GB less the margin
+    expect(gpu.locator(".legend")).to_contain_text("reserved 512 MB")
+    expect(page.locator("#gpu-summary")).to_contain_text("declared in settings (simulated)")
+    for model in ("smol-a", "smol-b"):
+        expect(card(page, model).locator(".badge.state")).to_have_text("idle")
+        expect(card(page, model).locator(".badge.tier")).to_have_text("disk")
+        expect(card(page, model).locator(".vram")).to_contain_text("est.")
+        expect(card(page, model).locator(".requests")).to_contain_text("0 queued")
+    expect(card(page, "smol-a")).to_contain_text("smol-a:135m")
+    expect(page.locator("#config-form input[name='allowCloudFallback']")).to_be_checked()
+    expect(page.locator("#event-table")).to_contain_text("started")
+
+
+def test_load_from_the_page_and_updates_from_events(page, server):
+    page.goto(server.url + "/ui")
+    expect(page.locator("#live")).to_have_text("live")
+    page.evaluate("window.notReloaded = true")
+
+    page.get_by_role("button", name="Load smol-a", exact=True).click()
+    expect(card(page, "smol-a")).to_have_attribute("data-state", "ready", timeout=LOAD_S)
+    expect(card(page, "smol-a").locator(".placement")).to_contain_text("GPU 0")
+    expect(card(page, "smol-a").locator(".placement")).to_contain_text("all layers on GPU")
+    expect(card(page, "smol-a").locator(".keep-alive")).to_contain_text("unloads in")
+    expect(card(page, "smol-a").locator(".vram")).to_contain_text("measured")
+    expect(page.locator("article.gpu[data-gpu='0'] .legend")).to_contain_text("smol-a")
+    expect(page.locator("#lease-table")).to_contain_text("smol-a")
+    assert {s["model"]: s["state"] for s in server.status()["slots"]}["smol-a"] == "ready"
+
+    # A load the page did not start shows up from the events stream, without a reload.
+    loaded = threading.Event()
+    threading.Thread(target=lambda: (httpx.post(server.url + "/api/v1/models/smol-b/load",
+                                                timeout=LOAD_S / 1000), loaded.set()),
+                     daemon=True).start()
+    expect(card(page, "smol-b")).to_have_attribute("data-state", "ready", timeout=LOAD_S)
+    assert page.evaluate("window.notReloaded") is True
+
+    page.select_option("#event-type", "loaded")
+    rows = page.locator("#event-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.first).to_contain_text("smol-b")  # newest first
+    page.fill("#event-model", "smol-a")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("smol-a")
+
+    page.get_by_role("button", name="Unload smol-a", exact=True).click()
+    expect(card(page, "smol-a")).to_have_attribute("data-state", "idle", timeout=30_000)
+    expect(card(page, "smol-a").locator(".badge.tier")).to_have_text("disk")
+    assert loaded.wait(LOAD_S / 1000)
+
+
+def test_phone_width_dark_theme_and_toggle(browser, server):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark",
+                                  is_mobile=True, has_touch=True)
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/ui")
+        expect(card(page, "smol-b").locator(".actions button")).to_have_count(4)
+        width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], f"the page scrolls sideways on a phone: {width}"
+        background = "getComputedStyle(document.body).backgroundColor"
+        assert page.evaluate(background) == "rgb(15, 18, 23)"  # dark from the system
+        page.get_by_role("button", name="Light theme").click()
+        assert page.evaluate(background) == "rgb(246, 247, 249)"
+        expect(page.get_by_role("button", name="Dark theme")).to_have_attribute(
+            "aria-pressed", "false")
+    finally:
+        context.close()
+
+
+def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_factory,
+                                                              demo_gguf):
+    srv = ServerProcess(tmp_path_factory.mktemp("dashboard-key"),
+                        {**GPU, "admin_api_key": "s3cret-admin"}, two_models(demo_gguf))
+    srv.start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        assert page.goto(srv.url + "/ui").ok  # the page itself needs no key
+        dialog = page.locator("#key-dialog")
+        expect(dialog).to_be_visible()
+        page.fill("#key-input", "wrong")
+        page.click("#key-save")
+        expect(dialog).to_be_visible()
+        expect(page.locator("#key-why")).to_contain_text("refused")
+        page.fill("#key-input", "s3cret-admin")
+        page.keyboard.press("Enter")
+        expect(card(page, "smol-b").locator(".badge.state")).to_have_text("idle")
+        expect(page.locator("#live")).to_have_text("live")
+        assert page.evaluate("sessionStorage.getItem('model-boss-admin-key')") == "s3cret-admin"
+        assert "s3cret-admin" not in page.evaluate("JSON.stringify(localStorage)")
+
+        page.get_by_role("button", name="Pin smol-b", exact=True).click()
+        expect(card(page, "smol-b").locator(".badge.pinned")).to_have_text("pinned")
+        page.uncheck("#config-form input[name='allowCloudFallback']")
+        page.get_by_role("button", name="Save config").click()
+        expect(page.locator("#notice")).to_have_text("Config saved.")
+        admin = {"authorization": "Bearer s3cret-admin"}
+        assert httpx.get(srv.url + "/api/v1/config", headers=admin).json() == {
+            "allowCloudFallback": False}
+        slot = httpx.get(srv.url + "/api/v1/models/smol-b/status", headers=admin).json()
+        assert slot["pinned"] is True
+    finally:
+        context.close()
+        srv.stop()
