@@ -6,7 +6,7 @@ const KEY_STORE = "model-boss-admin-key";    // sessionStorage: this tab only
 const THEME_STORE = "model-boss-theme";      // localStorage: not a secret
 const MAX_EVENTS = 300;
 const REFRESH_GAP_MS = 300;                  // at most ~3 status reads a second
-const BACKSTOP_MS = 10000;                   // outside leases change without an event
+const BACKSTOP_MS = 5000;                    // arrivals and outside leases come without events
 const PROGRESS_STAGES = ["leasing", "starting", "loading", "warming", "ready", "failed"];
 
 const $ = (selector) => document.querySelector(selector);
@@ -261,7 +261,7 @@ async function streamEvents() {
     }
     setLive("reconnecting", "reconnecting…");
     await sleep(delay);
-    delay = Math.min(delay * 2, 10000);
+    delay = Math.min(delay * 2, 5000);
   }
 }
 

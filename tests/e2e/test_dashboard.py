@@ -3,8 +3,10 @@ API) against a real coordinator serving the demo GGUF under two manifests on a d
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import threading
 
 import httpx
@@ -114,6 +116,104 @@ def test_load_from_the_page_and_updates_from_events(page, server):
     assert loaded.wait(LOAD_S / 1000)
 
 
+def test_queue_and_outside_lease(page, server):
+    """A request that cannot be placed (the GPU is a training job's, the other model pinned)
+    waits in the queue; the page lists it, and drops it when its client goes away."""
+    admin = httpx.Client(base_url=server.url, timeout=30)
+    admin.post("/api/v1/models/smol-b/pin").raise_for_status()
+    free = server.status()["gpus"][0]["free_mb"]
+    lease = admin.post("/api/v1/leases", json={"kind": "training", "vram_mb": free, "gpu": 0,
+                                               "ttl_s": 300, "note": "finetune run"}).json()
+    body = json.dumps({"model": "smol-a", "max_tokens": 4, "x_client_id": "queue-test",
+                       "x_priority": 3, "messages": [{"role": "user", "content": "hi"}]})
+    client = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        page.goto(server.url + "/ui")
+        expect(page.locator("article.gpu[data-gpu='0'] .legend")).to_contain_text(
+            "training: finetune run")
+        expect(page.locator("#lease-table")).to_contain_text("finetune run")
+        client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: mb\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                       f"\r\n{body}".encode())
+        row = page.locator("#queue-table tbody tr[data-model='smol-a']")
+        expect(row).to_contain_text("queue-test", timeout=15_000)
+        expect(row.locator("td").nth(2)).to_have_text("3")
+        expect(card(page, "smol-a").locator(".requests")).to_contain_text("1 queued")
+        client.close()  # the client goes away: it leaves the queue, and the page says so
+        expect(page.locator("#queue-table tbody")).to_contain_text("Nothing waiting.",
+                                                                 timeout=15_000)
+        expect(card(page, "smol-a").locator(".requests")).to_contain_text("0 queued")
+    finally:
+        client.close()
+        admin.delete(f"/api/v1/leases/{lease['id']}")
+        admin.post("/api/v1/models/smol-b/unpin")
+        admin.close()
+
+
+class CuttableProxy:
+    """A TCP proxy in front of the server whose open connections the test can cut."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.open += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        while self.open:
+            sock = self.open.pop()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_stream_reconnects_after_a_drop_without_repeating_events(page, server):
+    proxy = CuttableProxy(server.port)
+    try:
+        page.goto(proxy.url + "/ui")
+        expect(page.locator("#live")).to_have_text("live")
+        page.evaluate("window.notReloaded = true")
+        started = page.locator("#event-table tbody tr[data-type='started']")
+        expect(started).to_have_count(1)
+        proxy.cut()
+        expect(page.locator("#live")).to_have_text("reconnecting…")
+        expect(page.locator("#live")).to_have_text("live", timeout=15_000)
+        httpx.post(server.url + "/api/v1/models/smol-a/pin").raise_for_status()
+        expect(page.locator("#event-table tbody tr[data-type='pinned']").first).to_contain_text(
+            "smol-a")
+        expect(started).to_have_count(1)  # resumed with ?since=, not replayed
+        assert page.evaluate("window.notReloaded") is True
+    finally:
+        proxy.close()
+        httpx.post(server.url + "/api/v1/models/smol-a/unpin").raise_for_status()
+
+
 def test_phone_width_dark_theme_and_toggle(browser, server):
     context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark",
                                   is_mobile=True, has_touch=True)
@@ -165,6 +265,7 @@ def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_f
             "allowCloudFallback": False}
         slot = httpx.get(srv.url + "/api/v1/models/smol-b/status", headers=admin).json()
         assert slot["pinned"] is True
+
     finally:
         context.close()
         srv.stop()
