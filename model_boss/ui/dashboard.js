@@ -296,8 +296,10 @@ async function act(model, action) {
 function actionButton(model, action, enabled) {
   const key = `${model}:${action}`;
   const busy = state.busy.has(key);
+  // pin and unpin are one toggle: focus stays on it when it flips
+  const focusKey = action === "unpin" ? `${model}:pin` : key;
   return h("button", {
-    type: "button", class: action === "load" ? null : "secondary", "data-focus": key,
+    type: "button", class: action === "load" ? null : "secondary", "data-focus": focusKey,
     "data-action": action, "aria-label": `${ACTIONS[action].label} ${model}`,
     "aria-busy": busy ? "true" : null, disabled: !enabled,
     onclick: () => act(model, action),
@@ -317,7 +319,8 @@ function renderMeta() {
   const s = state.status;
   const models = s.models?.length ?? 0;
   $("#meta").textContent = `up ${fmtDuration(s.uptime_s)} · lease store ${s.lease_store} · ` +
-    `${models} model${models === 1 ? "" : "s"}`;
+    `${models} model${models === 1 ? "" : "s"}` +
+    (s.cluster?.host_id ? ` · cluster member ${s.cluster.host_id}` : "");
 }
 
 /** Whose lease is this: a model-boss slot's (its model) or an outside holder's. */
@@ -426,8 +429,10 @@ function keepAliveText(m) {
 function progressView(m) {
   const p = state.progress.get(m.id);
   const loading = m.slot?.state === "loading";
-  if (p && (p.stage !== "ready" && p.stage !== "failed" ? loading || Date.now() - p.seenAt < 2000
-    : Date.now() - p.seenAt < 4000)) {
+  // a finished load's last stage stays a few seconds; an unfinished one while the slot loads
+  const fresh = p && Date.now() - p.seenAt < 4000;
+  const final = p && (p.stage === "ready" || p.stage === "failed");
+  if (p && (final ? fresh : loading || fresh)) {
     const pct = typeof p.fraction === "number" ? Math.round(p.fraction * 100) : null;
     return h("div", {class: `progress ${p.stage}`, "data-stage": p.stage},
       h("div", {}, `${p.stage}${pct !== null ? ` ${pct}%` : ""} · ${(p.elapsed_s ?? 0).toFixed(1)} s`),

@@ -255,8 +255,10 @@ def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_f
         assert page.evaluate("sessionStorage.getItem('model-boss-admin-key')") == "s3cret-admin"
         assert "s3cret-admin" not in page.evaluate("JSON.stringify(localStorage)")
 
-        page.get_by_role("button", name="Pin smol-b", exact=True).click()
+        page.get_by_role("button", name="Pin smol-b", exact=True).focus()
+        page.keyboard.press("Enter")  # by keyboard; focus stays on the toggle as it flips
         expect(card(page, "smol-b").locator(".badge.pinned")).to_have_text("pinned")
+        expect(page.get_by_role("button", name="Unpin smol-b", exact=True)).to_be_focused()
         page.uncheck("#config-form input[name='allowCloudFallback']")
         page.get_by_role("button", name="Save config").click()
         expect(page.locator("#notice")).to_have_text("Config saved.")
