@@ -52,6 +52,8 @@ class ClientProfile(BaseModel):
 
     priority: int | None = Field(default=None, ge=0, le=100)
     max_concurrency: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=0)  # waiting at once; beyond: 429
+    share: float | None = Field(default=None, gt=0)  # fair-share weight (else the task's)
     default_task: str | None = None
     allowed_models: list[str] | None = None
 
@@ -93,6 +95,10 @@ class Settings(BaseSettings):
     default_priority: int = Field(default=5, ge=0, le=100)
     max_queue_wait_s: float = Field(default=300.0, gt=0)
     max_queue_depth: int = Field(default=1000, ge=1)
+    max_queued_per_client: int = Field(default=200, ge=1)
+    aging_s: float = Field(default=2.0, ge=0)  # waiting this long = one priority level
+    fair_share: bool = True
+    request_rate_horizon_s: float = Field(default=120.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)
     llama_server_binary: str | None = None

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import ConfigError
 from ..settings import describe_validation_error
@@ -65,6 +72,9 @@ class ModelManifest(BaseModel):
     min_gpu_layers: int = Field(default=0, ge=0)
     main_gpu: int | None = Field(default=None, ge=0)
     parallel: int | None = Field(default=None, ge=1, le=1024)
+    # requests running at once (at most ``parallel``; the rest wait) and waiting (beyond: 429)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=0)
     flash_attn: bool | Literal["auto", "on", "off"] = "auto"
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -125,6 +135,18 @@ class ModelManifest(BaseModel):
             return None
         path = Path(self.path).expanduser()
         return path if path.is_absolute() else (models_dir / path)
+
+    @model_validator(mode="after")
+    def _concurrency_within_parallel(self) -> ModelManifest:
+        if self.max_concurrency is not None and self.max_concurrency > self.concurrency:
+            raise ValueError(f"max_concurrency ({self.max_concurrency}) must be at most the "
+                             f"parallel slots ({self.concurrency})")
+        return self
+
+    @property
+    def running_limit(self) -> int:
+        """Requests that may run on the slot at once: ``max_concurrency``, else its slots."""
+        return self.max_concurrency or self.concurrency
 
     @property
     def concurrency(self) -> int:

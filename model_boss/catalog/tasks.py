@@ -26,6 +26,7 @@ class TaskSpec(BaseModel):
     pin_primary: bool = False
     budget_s: float | None = Field(default=None, gt=0)
     priority: int | None = Field(default=None, ge=0, le=100)
+    share: float = Field(default=1.0, gt=0)  # weight of a client's requests in fair share
     params: dict[str, Any] = Field(default_factory=dict)
 
 

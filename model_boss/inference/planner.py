@@ -12,7 +12,7 @@ recomputes fit with store reads of its own. The answer is one of:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..gpu.placement import LayerCosts, Placement, place
 from .eviction import SlotView, evict_candidates, victims_for
@@ -33,12 +33,14 @@ class Demand:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Usage at one instant. ``free_mb``: effective free VRAM per GPU now; ``ceiling_mb``:
-    capacity minus the safety margin per GPU (before pinned models are taken off)."""
+    capacity minus the safety margin per GPU (before pinned models are taken off);
+    ``wanted``: the models waiting requests need, in serving order (look-ahead eviction)."""
 
     free_mb: dict[int, int]
     ceiling_mb: dict[int, int]
     slots: tuple[SlotView, ...] = ()
     now: float = 0.0
+    wanted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
     if placement is not None:
         return Fit(placement)
     others = [s for s in snapshot.slots if s.model_id != demand.model_id]
-    candidates = evict_candidates(others, demand.priority, snapshot.now)
+    candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
     victims = victims_for(demand.need_mb, snapshot.free_mb, candidates,
                           allow_split=demand.allow_split)
     if victims:
@@ -100,9 +102,18 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
         where = ", ".join(f"GPU {i}: {mb} MB" for i, mb in ceiling.items()) or "no GPU"
         return Never(f"'{demand.model_id}' needs {demand.need_mb} MB of VRAM; at most {where} "
                      f"can ever be free for it (capacity minus margin minus pinned models)")
-    busy = tuple(v.model_id for v in others if v.allocations and not v.pinned)
+    # only models that would be victims once idle are worth draining; holding back a model
+    # this request may not evict (a more important client's, inside its keep-alive) helps none
+    busy = tuple(v.model_id for v in others if v.allocations and not v.pinned
+                 and (v.active or v.state not in ("ready", "offloaded"))
+                 and evict_candidates([_settled(v)], demand.priority, snapshot.now))
     return Wait(f"'{demand.model_id}' needs {demand.need_mb} MB; waiting for room",
                 blocking=busy)
+
+
+def _settled(view: SlotView) -> SlotView:
+    """``view`` as it will be once its requests and operation end."""
+    return replace(view, state="ready", active=0)
 
 
 def _place(demand: Demand, free_mb: dict[int, int]) -> Placement | None:

@@ -26,10 +26,12 @@ from .eviction import SlotView
 from .learned import LearnedStats
 from .owner import SlotOwner
 from .planner import Demand, Evict, Fit, Plan, Snapshot, Wait
-from .slot import ModelSlot
+from .rates import RequestRates
+from .slot import ModelSlot, SlotState
 
 log = logging.getLogger(__name__)
 
+ONLOAD_GUESS_S = 1.0  # a CPU-tier onload before one was measured
 MAX_PLAN_ROUNDS = 50  # re-plans one load may take while others race it for the same VRAM
 BackendFactory = Callable[[CatalogEntry, Settings], InferenceBackend]
 
@@ -63,6 +65,9 @@ class ModelPool:
         # The ledger: VRAM a load has evicted for and not yet leased, kept from other plans.
         self._claims: dict[str, dict[int, int]] = {}
         self.on_change: Callable[[], None] = lambda: None
+        # look-ahead eviction: the queue tells which models its waiters need, in order
+        self.wanted: Callable[[], tuple[str, ...]] = tuple
+        self.rates = RequestRates(settings.request_rate_horizon_s)
 
     # -- slots ----------------------------------------------------------------------------
 
@@ -130,13 +135,23 @@ class ModelPool:
             if model != for_model:
                 for gpu, mb in claim.items():
                     free[gpu] = max(0, free.get(gpu, 0) - mb)
+        now = time.time()
         views = tuple(
             SlotView(s.model_id, str(s.state), s.pinned, s.active, s.last_used,
-                     s.last_priority, s.unload_at, dict(s.lease.allocations) if s.lease else {})
+                     s.last_priority, s.unload_at, dict(s.lease.allocations) if s.lease else {},
+                     reload_s=self.reload_s(s), rate_per_s=self.rates.rate(s.model_id, now))
             for s in self.slots.values())
         return Snapshot(free,
                         {u.index: max(0, u.capacity_mb - self.boss.margin_mb) for u in usage},
-                        views, time.time())
+                        views, now, self.wanted())
+
+    def reload_s(self, slot: ModelSlot) -> float:
+        """What evicting ``slot`` costs when it is next wanted: a CPU-tier onload when it
+        would be parked in RAM, else its learned cold load."""
+        if slot.state == SlotState.READY and slot.backend is not None \
+                and slot.backend.can_offload:
+            return slot.last_onload_s or ONLOAD_GUESS_S
+        return self.learned.predicted_load_s(slot.model_id, self.footprint_mb(slot))
 
     async def plan(self, model_id: str, priority: int) -> Plan:
         """The planner's answer for loading ``model_id`` for a request of ``priority`` now."""

@@ -1,9 +1,13 @@
 """InferenceQueue: who runs next. Lower priority number = more important.
 
-Sort key ``(priority, warm_bump, submitted_at)``: within a priority, requests for a model that
-is already READY go first, so a cold start never holds up warm work. A request whose model
-cannot load yet waits without blocking requests for other models. The loop wakes on every
-submission, every slot release, and every 5 s.
+The order is :func:`~.ordering.serving_order` (aging, fair share among clients, warm grouping;
+docs/SCHEDULING.md): the same function the trace simulator replays. A request whose model
+cannot load yet waits without blocking requests for other models; once it is first in order,
+the models it waits for take no new requests until they are idle and can make room. Loads
+and evictions are planned with the request's aged priority, so a long wait may evict an idle
+model a more important client used. Limits: a model's ``max_concurrency`` (the rest wait),
+``max_queued`` per model, per client and in all, each refused with 429 and Retry-After. The
+loop wakes on every submission, every slot release, and every 5 s.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
+from ..errors import (
+    BudgetExceeded,
+    CapacityExceeded,
+    ModelBossError,
+    ModelUnavailable,
+    RateLimited,
+)
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
+from .ordering import OrderPolicy, Waiter, effective_priority, serving_order
 from .owner import SlotOwner
 from .planner import Never, Wait
 from .pool import ModelPool
@@ -28,6 +39,7 @@ from .slot import ModelSlot, SlotState
 log = logging.getLogger(__name__)
 
 WAKE_INTERVAL_S = 5.0
+MIN_WARM_CREDIT_S = 1.0  # a loaded model's requests group even before its load was timed
 
 
 @dataclass(eq=False)
@@ -41,10 +53,17 @@ class QueuedRequest:
     budget_s: float | None = None
     keep_alive_s: float | None = None
     max_concurrency: int | None = None
+    max_queued: int | None = None  # the client's own limit on waiting requests
+    share: float = 1.0  # fair-share weight among clients of equal priority
     submitted_at: float = field(default_factory=time.time)
     deadline: float = 0.0
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
+
+    @property
+    def waiter(self) -> Waiter:
+        return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
+                      self.share)
 
 
 class SlotTicket:
@@ -79,7 +98,10 @@ class InferenceQueue:
         self._wake = asyncio.Event()
         self._in_flight_by_client: dict[str, int] = {}
         self.granted_total = 0
+        self.order_policy = OrderPolicy(aging_s=settings.aging_s,
+                                        fair_share=settings.fair_share)
         pool.on_change = self.wake
+        pool.wanted = self.wanted_models
 
     @property
     def depth(self) -> int:
@@ -95,8 +117,7 @@ class InferenceQueue:
             raise ModelUnavailable(f"'{request.model_id}' is cooling down after repeated "
                                    f"worker failures", retry_after_s=cooldown,
                                    code="model_cooling_down")
-        if len(self._pending) >= self.settings.max_queue_depth:
-            raise CapacityExceeded("the queue is full", retry_after_s=5, code="queue_full")
+        self._check_limits(request)
         if request.budget_s is not None:
             decision = admit(request.budget_s, self.predict(request))
             if not decision.admitted:
@@ -113,7 +134,7 @@ class InferenceQueue:
         self.requestors.submitted(request.client_id)
         if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
             owner = self.pool.owners.get(request.model_id)
-            if owner is not None and self._client_has_room(request) \
+            if owner is not None and self._has_room(request, owner) \
                     and self._grant(request, owner):
                 return request.future.result()
         self.wake()
@@ -149,6 +170,61 @@ class InferenceQueue:
                        load_s=learned.predicted_load_s(request.model_id, size),
                        infer_s=learned.predicted_infer_s(request.model_id))
 
+    def _check_limits(self, request: QueuedRequest) -> None:
+        """Refuse with 429 when the queue, the client's share of it or the model's is full."""
+        settings = self.settings
+        client_limit = min(settings.max_queued_per_client,
+                           request.max_queued if request.max_queued is not None else 10**9)
+        entry = self.pool.catalog.find(request.model_id)
+        model_limit = entry.manifest.max_queued if entry else None
+        checks = [
+            ("queue_full", len(self._pending), settings.max_queue_depth, "the queue"),
+            ("client_queue_full", self.requestors.get(request.client_id).queued, client_limit,
+             f"client '{request.client_id}'s share of the queue"),
+            ("model_queue_full", sum(1 for r in self._pending if r.model_id == request.model_id),
+             model_limit, f"the queue for '{request.model_id}'"),
+        ]
+        for code, waiting, limit, what in checks:
+            if limit is not None and waiting >= limit:
+                self.events.emit("queue_rejected", model=request.model_id,
+                                 client=request.client_id, reason=code)
+                raise RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
+                                  retry_after_s=self._retry_after(request), code=code)
+
+    def _retry_after(self, request: QueuedRequest) -> float:
+        """A hint from the learned inference time of the requests ahead (1–60 s)."""
+        infer = self.pool.learned.predicted_infer_s(request.model_id) or 1.0
+        return float(min(60, max(1, round(infer * len(self._pending) / 4))))
+
+    def ordered(self) -> list[QueuedRequest]:
+        """The waiting requests in serving order (read-only; one order for everyone)."""
+        by_waiter = {}
+        for request in self._pending:
+            waiter = request.waiter
+            by_waiter[id(waiter)] = (waiter, request)
+        order = serving_order([w for w, _ in by_waiter.values()], self._warm_credits(),
+                              self.order_policy)
+        return [by_waiter[id(w)][1] for w in order]
+
+    def _warm_credits(self) -> dict[str, float]:
+        """Loaded models → the reload seconds serving them now saves (warm grouping)."""
+        credits = {}
+        for model_id, slot in self.pool.slots.items():
+            if slot.state == SlotState.READY:
+                size = slot.estimate.mb if slot.estimate else 0
+                credits[model_id] = max(MIN_WARM_CREDIT_S,
+                                        self.pool.learned.predicted_load_s(model_id, size))
+        return credits
+
+    def wanted_models(self) -> tuple[str, ...]:
+        """The models waiting requests need, in serving order (look-ahead eviction)."""
+        return tuple(dict.fromkeys(r.model_id for r in self.ordered()))
+
+    def aged_priority(self, request: QueuedRequest, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        return effective_priority(request.priority, now - request.submitted_at,
+                                  self.order_policy)
+
     def _grant(self, request: QueuedRequest, owner: SlotOwner) -> bool:
         """Grant ``request`` a place on ``owner``'s slot if the owner agrees (READY, leased,
         alive, room); the check and the count happen with no await between them."""
@@ -160,6 +236,7 @@ class InferenceQueue:
         self._pending.remove(request)
         self.requestors.started(request.client_id)
         self.granted_total += 1
+        self.pool.rates.record(request.model_id, time.time())
         request.future.set_result(SlotTicket(self, request, slot))
         return True
 
@@ -186,22 +263,20 @@ class InferenceQueue:
         if not request.future.done():
             request.future.set_exception(error)
 
-    def _client_has_room(self, request: QueuedRequest) -> bool:
+    def _has_room(self, request: QueuedRequest, owner: SlotOwner) -> bool:
+        """The client is under its concurrency and the model under its ``max_concurrency``."""
+        if owner.slot.active >= owner.slot.entry.manifest.running_limit:
+            return False
         if request.max_concurrency is None:
             return True
         return self._in_flight_by_client.get(request.client_id, 0) < request.max_concurrency
-
-    def _sort_key(self, request: QueuedRequest) -> tuple[int, int, float]:
-        slot = self.pool.slots.get(request.model_id)
-        warm = slot is not None and slot.state == SlotState.READY
-        return (request.priority, 0 if warm else 1, request.submitted_at)
 
     async def dispatch(self) -> None:
         """One pass over the waiting requests, most important first."""
         now = time.time()
         draining: set[str] = set()  # slots a more important waiter needs to go idle
         considered: set[str] = set()
-        for request in sorted(self._pending, key=self._sort_key):
+        for request in self.ordered():
             if request.future.done():
                 continue
             if now >= request.deadline:
@@ -214,7 +289,7 @@ class InferenceQueue:
                 continue
             slot = owner.slot
             if slot.state == SlotState.READY:
-                if slot.model_id not in draining and self._client_has_room(request):
+                if slot.model_id not in draining and self._has_room(request, owner):
                     self._grant(request, owner)
                 continue
             if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
@@ -222,8 +297,9 @@ class InferenceQueue:
             if self.pool.is_loading(request.model_id) or request.model_id in considered:
                 continue
             considered.add(request.model_id)
+            priority = self.aged_priority(request, now)
             try:
-                decision = await self.pool.plan(request.model_id, request.priority)
+                decision = await self.pool.plan(request.model_id, priority)
             except ModelBossError as exc:
                 self._fail_model(request.model_id, exc)
                 continue
@@ -233,7 +309,7 @@ class InferenceQueue:
             elif isinstance(decision, Wait):
                 draining.update(decision.blocking)
             else:  # the owner joins a load already in flight instead of starting a second
-                task = owner.start_load(request.priority)
+                task = owner.start_load(priority)
                 if task is not None:
                     task.add_done_callback(
                         lambda t, model=request.model_id: self._load_done(model, t))
@@ -292,7 +368,7 @@ class InferenceQueue:
                 {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
                  "waited_s": round(now - r.submitted_at, 3),
                  "deadline_in_s": round(r.deadline - now, 3)}
-                for r in sorted(self._pending, key=self._sort_key)
+                for r in self.ordered()
             ],
             "clients": self.requestors.to_list(),
             "failing_models": self.requestors.models_failing(),

@@ -38,7 +38,9 @@ from .native import PROPS, worker_props
 from .redact import redacted
 
 if TYPE_CHECKING:
+    from ..catalog.tasks import TaskSpec
     from ..coordinator import Coordinator
+    from ..settings import ClientProfile
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +121,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
                 manifest.priority if manifest.priority is not None
                 else settings.default_priority),
             keep_alive_s=keep_alive,
-            max_concurrency=profile.max_concurrency if profile else None)
+            max_concurrency=profile.max_concurrency if profile else None,
+            max_queued=profile.max_queued if profile else None,
+            share=_share(profile, task))
         try:
             return await _serve_on(coord, queued, dict(body, model=model_id), ext,
                                    disconnected, on_dispatch)
@@ -130,6 +134,13 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             coord.events.emit("fallback", model=model_id, to=plan.candidates[position + 1],
                               task=task.name if task else None, error=exc.message)
     raise last_error or ModelUnavailable("no candidate could serve the request")
+
+
+def _share(profile: ClientProfile | None, task: TaskSpec | None) -> float:
+    """The client's fair-share weight: its profile's ``share``, else the task's, else 1."""
+    if profile is not None and profile.share is not None:
+        return profile.share
+    return task.share if task is not None else 1.0
 
 
 def default_task(coord: Coordinator) -> str:

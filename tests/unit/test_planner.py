@@ -91,3 +91,29 @@ def test_wait_names_the_models_that_block():
 def test_never_says_how_much_can_ever_be_free():
     decision = plan(demand(3000), snap({0: 584}, [view("pin", pinned=True, mb=1000)]))
     assert isinstance(decision, Never) and "GPU 0: 2584 MB" in decision.reason
+
+
+@pytest.mark.parametrize("case, aged, slots, wanted, expected", [
+    ("an aged request may evict what a more important client left idle", -1,
+     [view("a", priority=0)], (), ("a",)),
+    ("a fresh one may not", 9, [view("a", priority=0)], (), None),
+    ("look-ahead: spare the model the next waiter needs", 5,
+     [view("next", mb=1000, last_used=1), view("spare", mb=1000, last_used=9)], ("next",),
+     ("spare",)),
+    ("look-ahead yields when no other victim exists", 5, [view("next", mb=1000)], ("next",),
+     ("next",)),
+])
+def test_aged_priority_and_look_ahead(case, aged, slots, wanted, expected):
+    snapshot = Snapshot({0: 1584}, CEILING, tuple(slots), NOW, wanted)
+    decision = plan(demand(2000, priority=aged), snapshot)
+    if expected is None:
+        assert isinstance(decision, Wait) and decision.blocking == (), case
+    else:
+        assert isinstance(decision, Evict) and decision.victims == expected, case
+
+
+def test_wait_drains_only_models_that_will_be_victims():
+    slots = [view("busy-peer", active=1, priority=5), view("busy-vip", active=1, priority=0),
+             view("idle-vip", priority=0)]
+    decision = plan(demand(2000, priority=5), snap({0: 0}, slots))
+    assert isinstance(decision, Wait) and decision.blocking == ("busy-peer",)

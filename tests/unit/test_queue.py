@@ -67,11 +67,15 @@ async def test_priority_order_and_warm_bump(coord_two):
 async def test_warm_requests_go_before_cold_within_a_priority(coord_two):
     coord, _ = coord_two
     await run(coord, "small")  # small is READY; a is cold
-    key = coord.queue._sort_key
-    cold = QueuedRequest(model_id="a", priority=5, submitted_at=1.0)
-    warm = QueuedRequest(model_id="small", priority=5, submitted_at=2.0)
-    urgent_cold = QueuedRequest(model_id="a", priority=1, submitted_at=3.0)
-    assert sorted([cold, warm, urgent_cold], key=key) == [urgent_cold, warm, cold]
+    cold = QueuedRequest(model_id="a", priority=5, submitted_at=1.0, client_id="x")
+    warm = QueuedRequest(model_id="small", priority=5, submitted_at=1.5, client_id="y")
+    urgent_cold = QueuedRequest(model_id="a", priority=1, submitted_at=3.0, client_id="z")
+    coord.queue._pending.extend([cold, warm, urgent_cold])
+    try:
+        assert coord.queue.ordered() == [urgent_cold, warm, cold]
+        assert coord.queue.wanted_models() == ("a", "small")
+    finally:
+        coord.queue._pending.clear()
 
 
 async def test_waiting_model_does_not_block_others(tmp_path):
@@ -176,7 +180,8 @@ async def test_client_max_concurrency(tmp_path):
 
 
 async def test_request_log_replays_in_the_simulator(tmp_path):
-    from benchmarks.scheduler_sim import jsonl_trace, simulate
+    from model_boss.inference.simulator import BASELINES, simulate
+    from model_boss.inference.traces import jsonl_trace
 
     coord, _ = coordinator(tmp_path, [manifest("a", 3000), manifest("b", 3000)])
     await coord.start()
@@ -189,4 +194,4 @@ async def test_request_log_replays_in_the_simulator(tmp_path):
     trace = jsonl_trace(path, capacity_mb=3584)
     assert [(r.model, r.priority) for r in trace.requests] == [("a", 5), ("b", 1), ("a", 0)]
     assert trace.sizes == {"a": 3000, "b": 3000}
-    assert simulate(trace, "one-at-a-time").cold_loads == 3
+    assert simulate(trace, BASELINES[0]).cold_loads == 3

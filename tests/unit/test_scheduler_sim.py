@@ -1,4 +1,5 @@
-"""The trace simulator runs the real decision functions and keeps its invariants."""
+"""The trace simulator runs the coordinator's own ordering and planner and keeps its
+invariants."""
 
 from __future__ import annotations
 
@@ -6,19 +7,19 @@ import json
 
 import pytest
 
-from benchmarks.scheduler_sim import (
-    POLICIES,
-    bursty_trace,
-    jsonl_trace,
-    simulate,
-    workshop_trace,
-)
+from model_boss.errors import BadRequest
+from model_boss.inference.simulator import MODEL_BOSS, POLICIES, TODAY, simulate
+from model_boss.inference.traces import bursty_trace, jsonl_trace, workshop_trace
+
+
+def by_name(name):
+    return next(p for p in POLICIES if p.name == name)
 
 
 @pytest.mark.parametrize("trace", [workshop_trace(3, 120), bursty_trace(3, 120)],
                          ids=["workshop", "bursty"])
 def test_invariants(trace):
-    results = {p: simulate(trace, p) for p in POLICIES}
+    results = {p.name: simulate(trace, p) for p in POLICIES}
     for result in results.values():
         assert sum(len(w) for w in result.waits.values()) == len(trace.requests)
         assert result.peak_mb <= trace.capacity_mb
@@ -26,21 +27,38 @@ def test_invariants(trace):
     # Belady is the optimum among the FIFO policies
     assert results["belady"].cold_loads <= results["lru"].cold_loads
     assert results["belady"].cold_loads <= results["one-at-a-time"].cold_loads
-    assert results["model-boss"].inversions == 0
+    assert results["today"].inversions == 0
 
 
-def test_priorities_shape_waits():
-    result = simulate(bursty_trace(5, 200), "model-boss")
-    assert sorted(result.waits) == [0, 5, 9]
-    assert max(result.waits[0]) <= max(result.waits[9])
+def test_aging_ends_starvation_on_the_bursty_trace():
+    trace = bursty_trace(7)
+    today, new = simulate(trace, TODAY), simulate(trace, MODEL_BOSS)
+    assert sorted(new.waits) == [0, 5, 9]
+    assert new.wait_pct(9, 0.95) * 5 < today.wait_pct(9, 0.95)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_look_ahead_beats_today_against_belady(seed):
+    trace = workshop_trace(seed)
+    belady = simulate(trace, by_name("belady")).cold_loads
+    assert simulate(trace, MODEL_BOSS).cold_loads <= 1.2 * belady
+    assert simulate(trace, MODEL_BOSS).cold_loads < simulate(trace, TODAY).cold_loads
 
 
 def test_jsonl_log(tmp_path):
     log = tmp_path / "log.jsonl"
     lines = [{"timestamp": 100 + i * 3, "model": m, "priority": p, "duration": 2,
-              "size_mb": 9000}
+              "size_mb": 9000, "client_id": f"c{i % 2}"}
              for i, (m, p) in enumerate([("a", 5), ("b", 5), ("a", 0), ("b", 9)] * 5)]
     log.write_text("\n".join(json.dumps(line) for line in lines))
     trace = jsonl_trace(log, capacity_mb=16384)
     assert trace.requests[0].arrival == 0 and trace.sizes == {"a": 9000, "b": 9000}
-    assert simulate(trace, "one-at-a-time").cold_loads == 20
+    assert {r.client for r in trace.requests} == {"c0", "c1"}
+    assert simulate(trace, by_name("one-at-a-time")).cold_loads == 20
+
+
+def test_a_bad_log_line_is_a_clear_error(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"model": "a"}\n')
+    with pytest.raises(BadRequest, match="log.jsonl:1"):
+        jsonl_trace(log, capacity_mb=16384)

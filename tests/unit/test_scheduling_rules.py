@@ -239,3 +239,42 @@ def test_learned_stats_ewma_and_persistence(tmp_path):
     again.load()
     assert again.get("m").load_s == pytest.approx(13.0) and again.get("m").vram_mb == 5000
     assert again.predicted_infer_s("m") == 1.0
+
+
+def costed(model_id, *, reload_s=0.0, rate=0.0, mb=1000, priority=5, last_used=0.0):
+    return SlotView(model_id, "ready", False, 0, last_used, priority, NOW + 100, {0: mb},
+                    reload_s=reload_s, rate_per_s=rate)
+
+
+@pytest.mark.parametrize("case, slots, wanted, expected", [
+    ("a model a waiting request needs goes last",
+     [costed("next", last_used=1), costed("spare", last_used=2)], ["next"], ["spare", "next"]),
+    ("of the wanted ones, the one needed latest goes first",
+     [costed("first"), costed("second")], ["first", "second"], ["second", "first"]),
+    ("cheap to reload goes before costly (CPU tier vs disk)",
+     [costed("disk", reload_s=20, rate=0.1, last_used=1), costed("cpu", reload_s=1, rate=0.1,
+                                                               last_used=2)],
+     [], ["cpu", "disk"]),
+    ("rarely asked for goes before often asked for",
+     [costed("hot", reload_s=5, rate=0.5, last_used=1), costed("cold", reload_s=5, rate=0.01,
+                                                                last_used=2)],
+     [], ["cold", "hot"]),
+    ("without figures: least recently used",
+     [costed("new", last_used=2), costed("old", last_used=1)], [], ["old", "new"]),
+    ("priority still comes before cost",
+     [costed("batch", reload_s=50, rate=1, priority=9), costed("mine", priority=5)], [],
+     ["batch", "mine"]),
+])
+def test_look_ahead_and_cost_order(case, slots, wanted, expected):
+    assert [s.model_id for s in evict_candidates(slots, 5, NOW, wanted)] == expected, case
+
+
+@pytest.mark.parametrize("case, need, free, candidates, expected", [
+    ("one big victim instead of three small ones ahead of it", 2500, {0: 600},
+     [view("s1", gpu_mb={0: 500}), view("s2", gpu_mb={0: 500}), view("big", gpu_mb={0: 2000})],
+     ["big"]),
+    ("a prefix victim the later ones make unnecessary stays", 1500, {0: 600},
+     [view("a", gpu_mb={0: 500}), view("b", gpu_mb={0: 500})], ["a", "b"]),
+])
+def test_victims_are_pruned(case, need, free, candidates, expected):
+    assert [v.model_id for v in victims_for(need, free, candidates)] == expected, case

@@ -1,0 +1,104 @@
+"""Serving order: which waiting request goes next. Pure functions over plain views.
+
+One ordering serves the coordinator's queue, its status listing and the trace simulator, so
+what an operator replays is what the daemon does.
+
+With aging on (``aging_s > 0``) every request gets a *due time*::
+
+    due = submitted_at + aging_s * (priority + rank / share) - warm_credit_s
+
+and the earliest due time is served first. Priority sets how far in the future a request is
+due, so a request of priority ``p`` overtakes any request of priority 0 that arrives more than
+``p * aging_s`` seconds after it: nothing starves. ``rank`` is how many requests of the same
+client and priority are waiting ahead of this one, divided by the client's weighted ``share``
+(fair share: a client's burst of 12 puts its own 12th request 11 aging steps back, not another
+client's single request). ``warm_credit_s`` is the reload time saved by serving a model that
+is already loaded, so queued requests for a loaded model run as one group before a swap
+(bounded: a cold request still overtakes once it has waited that long).
+
+With aging off the order is strict: ``(priority, rank / share, cold, submitted_at)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """What ordering needs to know about one waiting request."""
+
+    model_id: str
+    priority: int
+    client_id: str
+    submitted_at: float
+    share: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPolicy:
+    """``aging_s``: seconds of waiting that count as one priority level (0: strict priority).
+    ``fair_share``: interleave clients of equal priority by their weighted share."""
+
+    aging_s: float = 2.0
+    fair_share: bool = True
+
+
+STRICT = OrderPolicy(aging_s=0.0, fair_share=False)
+
+
+def client_ranks(waiters: Iterable[Waiter]) -> dict[int, float]:
+    """``id(waiter) -> rank / share``: how many of its client's requests of the same priority
+    wait ahead of it (by submission), scaled by the client's share."""
+    seen: dict[tuple[str, int], int] = {}
+    ranks: dict[int, float] = {}
+    for waiter in sorted(waiters, key=lambda w: w.submitted_at):
+        key = (waiter.client_id, waiter.priority)
+        rank = seen.get(key, 0)
+        seen[key] = rank + 1
+        ranks[id(waiter)] = rank / max(waiter.share, 1e-6)
+    return ranks
+
+
+def order_key(waiter: Waiter, *, rank: float, warm_credit_s: float,
+              policy: OrderPolicy) -> tuple[float, ...]:
+    """The sort key of one waiter (smaller goes first); ``rank`` from :func:`client_ranks`
+    (0 when fair share is off), ``warm_credit_s`` > 0 when its model is loaded."""
+    if not policy.fair_share:
+        rank = 0.0
+    if policy.aging_s <= 0:
+        return (waiter.priority, rank, 0.0 if warm_credit_s > 0 else 1.0, waiter.submitted_at)
+    due = waiter.submitted_at + policy.aging_s * (waiter.priority + rank) - warm_credit_s
+    return (due, waiter.submitted_at)
+
+
+def serving_order(waiters: Iterable[Waiter], warm_credit_s: Mapping[str, float],
+                  policy: OrderPolicy) -> list[Waiter]:
+    """``waiters`` in the order they are served. ``warm_credit_s``: model id → the reload
+    seconds saved by serving it now (present only for loaded models)."""
+    items = list(waiters)
+    ranks = client_ranks(items) if policy.fair_share else {}
+    return sorted(items, key=lambda w: order_key(
+        w, rank=ranks.get(id(w), 0.0), warm_credit_s=warm_credit_s.get(w.model_id, 0.0),
+        policy=policy))
+
+
+def effective_priority(priority: int, waited_s: float, policy: OrderPolicy) -> int:
+    """The priority a request has earned by waiting: one level more important per
+    ``aging_s`` waited (it may go below 0). Eviction uses it, so a request that has waited
+    long enough may evict an idle model last used by a more important client."""
+    if policy.aging_s <= 0:
+        return priority
+    return priority - math.floor(max(0.0, waited_s) / policy.aging_s)
+
+
+def wait_bound_s(priority: int, *, most_important: int, aging_s: float, warm_credit_s: float,
+                 drain_s: float, load_s: float) -> float:
+    """The longest a request of ``priority`` waits behind endless traffic of
+    ``most_important`` priority for another, loaded model, while its own model fits the
+    hardware: the aging that makes it first (plus the loaded model's warm credit), the
+    requests already running on the model it displaces, and its own load
+    (docs/SCHEDULING.md)."""
+    return max(0, priority - most_important) * aging_s + warm_credit_s + drain_s + load_s

@@ -1,0 +1,83 @@
+"""Serving order, table-driven: aging, fair share among clients, warm grouping."""
+
+from __future__ import annotations
+
+import pytest
+
+from model_boss.inference.ordering import (
+    STRICT,
+    OrderPolicy,
+    Waiter,
+    effective_priority,
+    serving_order,
+    wait_bound_s,
+)
+
+AGING = OrderPolicy(aging_s=2.0)
+
+
+def w(tag, priority=5, at=0.0, client="c", model="m", share=1.0):
+    return Waiter(model, priority, client, at, share), tag
+
+
+def order(items, policy=AGING, warm=None):
+    tags = {id(waiter): tag for waiter, tag in items}
+    return [tags[id(x)] for x in serving_order([x for x, _ in items], warm or {}, policy)]
+
+
+@pytest.mark.parametrize("case, items, warm, policy, expected", [
+    ("priority first, then arrival",
+     [w("p5", 5, 0.0), w("p1", 1, 1.0), w("p5-later", 5, 2.0)], {}, AGING,
+     ["p1", "p5", "p5-later"]),
+    ("a p9 that waited 9 aging steps is ahead of a fresh p0",
+     [w("p9-old", 9, 0.0, "b"), w("p0-new", 0, 18.5, "a")], {}, AGING, ["p9-old", "p0-new"]),
+    ("... but not before",
+     [w("p9-old", 9, 0.0, "b"), w("p0-new", 0, 17.5, "a")], {}, AGING, ["p0-new", "p9-old"]),
+    ("strict priority never ages",
+     [w("p9-old", 9, 0.0, "b"), w("p0-new", 0, 1000.0, "a")], {}, STRICT,
+     ["p0-new", "p9-old"]),
+    ("fair share: a single request after another client's burst is second",
+     [*[w(f"burst{i}", 5, i * 0.001, "flood") for i in range(12)], w("single", 5, 0.5, "b")],
+     {}, AGING, ["burst0", "single", *[f"burst{i}" for i in range(1, 12)]]),
+    ("without fair share the burst goes first",
+     [*[w(f"burst{i}", 5, i * 0.001, "flood") for i in range(3)], w("single", 5, 0.5, "b")],
+     {}, OrderPolicy(aging_s=2.0, fair_share=False), ["burst0", "burst1", "burst2", "single"]),
+    ("a share of 2 takes two turns for one",
+     [w("a1", at=0.0, client="a", share=2.0), w("a2", at=0.1, client="a", share=2.0),
+      w("a3", at=0.2, client="a", share=2.0), w("b1", at=0.3, client="b"),
+      w("b2", at=0.4, client="b")], {}, AGING, ["a1", "b1", "a2", "a3", "b2"]),
+    ("ranks count per priority: a client's p0 is not behind its own p5",
+     [w("c-p5", 5, 0.0), w("c-p0", 0, 0.1)], {}, AGING, ["c-p0", "c-p5"]),
+    ("warm requests run as a group before a swap of equal priority",
+     [w("cold", 5, 0.0, "a", model="x"), w("warm", 5, 1.0, "b", model="y")], {"y": 3.0},
+     AGING, ["warm", "cold"]),
+    ("the warm credit is bounded: a cold request waiting longer goes first",
+     [w("cold", 5, 0.0, "a", model="x"), w("warm", 5, 4.0, "b", model="y")], {"y": 3.0},
+     AGING,
+     ["cold", "warm"]),
+    ("strict order: warm first within a priority, never across",
+     [w("cold", 5, 0.0, model="x"), w("warm", 5, 9.0, model="y"),
+      w("urgent-cold", 1, 10.0, model="x")], {"y": 1.0}, STRICT,
+     ["urgent-cold", "warm", "cold"]),
+])
+def test_serving_order(case, items, warm, policy, expected):
+    assert order(items, policy, warm) == expected, case
+
+
+@pytest.mark.parametrize("priority, waited, policy, expected", [
+    (9, 0.0, AGING, 9),
+    (9, 1.9, AGING, 9),
+    (9, 2.0, AGING, 8),
+    (9, 18.0, AGING, 0),
+    (9, 30.0, AGING, -6),   # keeps rising: it may evict what a priority-0 client left idle
+    (9, 1e6, STRICT, 9),
+    (5, -1.0, AGING, 5),    # a clock step back never lowers it
+])
+def test_effective_priority(priority, waited, policy, expected):
+    assert effective_priority(priority, waited, policy) == expected
+
+
+def test_wait_bound_with_one_second_loads():
+    bound = wait_bound_s(9, most_important=0, aging_s=2.0, warm_credit_s=1.0, drain_s=1.0,
+                         load_s=1.0)
+    assert bound == 21.0
