@@ -51,6 +51,7 @@ class Coordinator:
                               backend_factory=backend_factory)
         self.boss.on_lease_lost = self.pool.lease_lost
         self.queue = InferenceQueue(self.pool, settings, self.events)
+        self.queue.on_granted = self.metrics.observe_wait
         self.tasks = TaskRegistry.load(settings.tasks_file, self.catalog)
         self.runtime = RuntimeConfig(
             RuntimeValues(allow_cloud_fallback=settings.allow_cloud_fallback),
@@ -188,6 +189,11 @@ class Coordinator:
     async def refresh_metrics(self) -> None:
         m = self.metrics
         m.queue_depth.set(self.queue.depth)
+        m.queue_limit.labels("total").set(self.settings.max_queue_depth)
+        m.queue_limit.labels("per_client").set(self.settings.max_queued_per_client)
+        m.queue_waiting.clear()
+        for priority, count in self.queue.waiting_by_priority().items():
+            m.queue_waiting.labels(str(priority)).set(count)
         for usage in await self.boss.usage():
             m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)
             m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
@@ -195,6 +201,9 @@ class Coordinator:
             for state in SlotState:
                 m.slot_state.labels(slot.model_id, str(state)).set(
                     1 if slot.state == state else 0)
+            m.model_max_concurrency.labels(slot.model_id).set(
+                slot.entry.manifest.running_limit)
+            m.model_running.labels(slot.model_id).set(slot.active)
 
     async def status(self) -> dict:
         usage = await self.boss.usage()

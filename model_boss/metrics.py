@@ -35,13 +35,35 @@ class Metrics:
                                       registry=self.registry)
         self.events = Counter("model_boss_events_total", "Events emitted", ["type"],
                               registry=self.registry)
+        self.queue_waiting = Gauge("model_boss_queue_waiting", "Requests waiting, by priority",
+                                   ["priority"], registry=self.registry)
+        self.queue_limit = Gauge("model_boss_queue_limit",
+                                 "Requests that may wait: in all, per client", ["scope"],
+                                 registry=self.registry)
+        self.queue_rejected = Counter("model_boss_queue_rejected_total",
+                                      "Requests refused with 429 by a queue limit",
+                                      ["reason", "model"], registry=self.registry)
+        self.queue_wait = Histogram("model_boss_queue_wait_seconds",
+                                    "Time from submission to a granted slot", ["priority"],
+                                    buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+                                    registry=self.registry)
+        self.model_max_concurrency = Gauge("model_boss_model_max_concurrency",
+                                           "Requests that may run at once on a model",
+                                           ["model"], registry=self.registry)
+        self.model_running = Gauge("model_boss_model_running", "Requests running on a model",
+                                   ["model"], registry=self.registry)
 
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(model, endpoint, str(status)).inc()
         self.latency.labels(model, endpoint).observe(seconds)
 
+    def observe_wait(self, priority: int, seconds: float) -> None:
+        self.queue_wait.labels(str(priority)).observe(seconds)
+
     def on_event(self, event: dict) -> None:
         self.events.labels(event["type"]).inc()
+        if event["type"] == "queue_rejected":
+            self.queue_rejected.labels(event.get("reason", "?"), event.get("model", "?")).inc()
         if event["type"] == "loaded":
             self.loads.labels(event.get("model", "?")).inc()
             self.load_seconds.labels(event.get("model", "?")).observe(event.get("seconds", 0))

@@ -66,12 +66,14 @@ def victims_for(
     candidates: list[SlotView],
     *,
     allow_split: bool = False,
+    prune: bool = True,
 ) -> list[SlotView] | None:
     """The shortest prefix of ``candidates`` whose eviction makes ``need_mb`` fit, less any
     victim (most valuable first) that the rest make unnecessary: one big idle model goes
     instead of three small ones ahead of it.
 
     Returns [] when it already fits, None when evicting every candidate would not be enough.
+    ``prune=False`` keeps the whole prefix (the policy before pruning, a benchmark baseline).
     """
     freed = dict(free_mb)
 
@@ -90,7 +92,7 @@ def victims_for(
         for gpu, mb in victim.allocations.items():
             freed[gpu] = freed.get(gpu, 0) + mb
         if fits():
-            return _prune(chosen, freed, fits)
+            return _prune(chosen, freed, fits) if prune else chosen
     return None
 
 

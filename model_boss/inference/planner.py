@@ -41,6 +41,7 @@ class Snapshot:
     slots: tuple[SlotView, ...] = ()
     now: float = 0.0
     wanted: tuple[str, ...] = ()
+    prune: bool = True  # drop victims the others make unnecessary (False: the old prefix rule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
     others = [s for s in snapshot.slots if s.model_id != demand.model_id]
     candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
     victims = victims_for(demand.need_mb, snapshot.free_mb, candidates,
-                          allow_split=demand.allow_split)
+                          allow_split=demand.allow_split, prune=snapshot.prune)
     if victims:
         freed = dict(snapshot.free_mb)
         for victim in victims:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import (
@@ -100,6 +101,7 @@ class InferenceQueue:
         self.granted_total = 0
         self.order_policy = OrderPolicy(aging_s=settings.aging_s,
                                         fair_share=settings.fair_share)
+        self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
         pool.on_change = self.wake
         pool.wanted = self.wanted_models
 
@@ -216,6 +218,12 @@ class InferenceQueue:
                                         self.pool.learned.predicted_load_s(model_id, size))
         return credits
 
+    def waiting_by_priority(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for request in self._pending:
+            counts[request.priority] = counts.get(request.priority, 0) + 1
+        return counts
+
     def wanted_models(self) -> tuple[str, ...]:
         """The models waiting requests need, in serving order (look-ahead eviction)."""
         return tuple(dict.fromkeys(r.model_id for r in self.ordered()))
@@ -237,7 +245,9 @@ class InferenceQueue:
         self.requestors.started(request.client_id)
         self.granted_total += 1
         self.pool.rates.record(request.model_id, time.time())
-        request.future.set_result(SlotTicket(self, request, slot))
+        ticket = SlotTicket(self, request, slot)
+        self.on_granted(request.priority, ticket.waited_s)
+        request.future.set_result(ticket)
         return True
 
     def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
@@ -249,7 +259,8 @@ class InferenceQueue:
         self.request_log.write(model=slot.model_id, priority=request.priority,
                                duration=duration, client_id=request.client_id, ok=ok,
                                size_mb=slot.estimate.mb if slot.estimate else 0,
-                               submitted_at=request.submitted_at)
+                               submitted_at=request.submitted_at,
+                               load_s=self.pool.learned.get(slot.model_id).load_s)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
@@ -354,8 +365,14 @@ class InferenceQueue:
             except Exception:
                 log.exception("queue dispatch failed; carrying on")
             if self._pending:
-                # deadlines must fire even when nothing else happens
-                nearest = min(r.deadline for r in self._pending) - time.time()
+                # deadlines must fire even when nothing else happens, and so must aging: a
+                # waiter that reaches the next level may now evict what it could not before
+                now = time.time()
+                nearest = min(r.deadline for r in self._pending) - now
+                aging = self.order_policy.aging_s
+                if aging > 0:
+                    nearest = min(nearest, min(aging - (now - r.submitted_at) % aging
+                                               for r in self._pending) + 0.01)
                 if nearest < WAKE_INTERVAL_S:
                     asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)
 

@@ -13,15 +13,17 @@ log = logging.getLogger(__name__)
 
 class RequestLog:
     """Appends ``{"timestamp", "model", "priority", "duration", "size_mb", "client_id",
-    "ok"}`` to ``path`` (``state_dir/requests.jsonl``); replay it with
-    ``benchmarks/scheduler_sim.py --trace``."""
+    "ok", "load_s"}`` to ``path`` (``state_dir/requests.jsonl``): ``timestamp`` is the
+    arrival, ``load_s`` the model's learned cold load. Replay it with
+    ``model-boss simulate --trace``."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._handle = None
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
-              client_id: str, ok: bool, submitted_at: float | None = None) -> None:
+              client_id: str, ok: bool, submitted_at: float | None = None,
+              load_s: float | None = None) -> None:
         if self.path is None:
             return
         try:
@@ -31,7 +33,7 @@ class RequestLog:
             self._handle.write(orjson.dumps({
                 "timestamp": round(submitted_at or time.time(), 3), "model": model,
                 "priority": priority, "duration": round(duration, 4), "size_mb": size_mb,
-                "client_id": client_id, "ok": ok}) + b"\n")
+                "client_id": client_id, "ok": ok, "load_s": load_s}) + b"\n")
         except OSError as exc:
             log.warning("request log %s: %s; logging off", self.path, exc)
             self.path = None

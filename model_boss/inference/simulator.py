@@ -6,9 +6,11 @@ and inference times. The planner policies call :func:`~.ordering.serving_order` 
 are taken in serving order; one whose model must wait for room holds back further grants on
 the models it waits for. Baselines:
 
-- ``today``: strict priority order, eviction by priority and recency (no look-ahead);
+- ``today``: strict priority order, eviction by priority and recency (no look-ahead, no
+  pruning of the victim prefix): the policy before aging and look-ahead;
 - ``model-boss``: aging, fair share, warm grouping, look-ahead and cost-aware eviction;
-- ``one-at-a-time``, ``lru`` (FIFO, least recently used);
+- ``one-at-a-time`` (FIFO; when a model does not fit, everything else goes), ``lru`` (FIFO,
+  least recently used);
 - ``belady``: FIFO order, evict the model whose next use is farthest away (the offline
   optimum for cold loads under FIFO order).
 """
@@ -193,13 +195,14 @@ class _Run:
                      rate_per_s=self.rates.rate(m, t) if ahead else 0.0)
             for m, r in self.resident.items())
         return Snapshot({0: capacity - self.used()}, {0: capacity}, views, t,
-                        wanted if ahead else ())
+                        wanted if ahead else (), prune=ahead)
 
     def make_room_baseline(self, req: SimRequest, t: float) -> None:
         if req.model in self.resident:
             return
         if self.policy.evictor == "one-at-a-time":
-            self.resident.clear()
+            if self.trace.capacity_mb - self.used() < self.trace.sizes[req.model]:
+                self.resident.clear()
             return
         while self.trace.capacity_mb - self.used() < self.trace.sizes[req.model]:
             if self.policy.evictor == "lru":

@@ -1,0 +1,91 @@
+"""Queue limits: a model's max_concurrency (the rest wait), queue limits per model, per client
+and in all (429 with Retry-After), all visible in /metrics; aged priority drives eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from model_boss.errors import RateLimited
+from model_boss.inference import QueuedRequest, SlotState
+
+from .fakes import coordinator, manifest
+
+
+async def hold(coord, model, client="c", **kw):
+    return await asyncio.wait_for(coord.queue.acquire(
+        QueuedRequest(model_id=model, priority=5, client_id=client, **kw)), 2)
+
+
+async def test_max_concurrency_makes_the_rest_wait(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("a", parallel=4, max_concurrency=2)])
+    await coord.start()
+    try:
+        first, second = await hold(coord, "a", "x"), await hold(coord, "a", "y")
+        third = asyncio.create_task(hold(coord, "a", "z"))
+        await asyncio.sleep(0.05)
+        assert not third.done() and coord.queue.depth == 1
+        assert coord.pool.slots["a"].active == 2
+        first.release()
+        (await asyncio.wait_for(third, 2)).release()
+        second.release()
+    finally:
+        await coord.stop()
+
+
+def test_max_concurrency_above_parallel_is_a_config_error():
+    from model_boss.catalog.manifest import ModelManifest
+
+    with pytest.raises(ValueError, match="at most the parallel slots"):
+        ModelManifest(id="a", path="x.gguf", parallel=2, max_concurrency=3)
+
+
+@pytest.mark.parametrize("limits, clients, code", [
+    ({"max_queue_depth": 2}, ["x", "y", "z"], "queue_full"),
+    ({"max_queued_per_client": 2}, ["x", "x", "x"], "client_queue_full"),
+    ({}, ["x", "y", "z"], "model_queue_full"),   # the manifest's max_queued: 2
+])
+async def test_queue_limits_answer_429(tmp_path, limits, clients, code):
+    coord, _ = coordinator(tmp_path, [manifest("a", max_queued=2 if not limits else None)],
+                           **limits)
+    await coord.start()
+    try:
+        holder = await hold(coord, "a", "holder")
+        waiting = [asyncio.create_task(hold(coord, "a", c)) for c in clients[:2]]
+        await asyncio.sleep(0.05)
+        with pytest.raises(RateLimited) as refused:
+            await hold(coord, "a", clients[2])
+        assert refused.value.status_code == 429 and refused.value.code == code
+        assert refused.value.retry_after_s >= 1
+        holder.release()
+        for task in waiting:
+            (await asyncio.wait_for(task, 2)).release()
+        await coord.refresh_metrics()
+        text = coord.metrics.render().decode()
+        assert f'model_boss_queue_rejected_total{{model="a",reason="{code}"}} 1.0' in text
+        assert 'model_boss_queue_limit{scope="per_client"}' in text
+        assert 'model_boss_model_max_concurrency{model="a"} 1.0' in text
+        assert "model_boss_queue_wait_seconds_count" in text
+    finally:
+        await coord.stop()
+
+
+async def test_an_aged_request_evicts_an_idle_model_a_more_important_client_used(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("a"), manifest("b")], aging_s=0.5)
+    await coord.start()
+    try:
+        (await asyncio.wait_for(coord.queue.acquire(
+            QueuedRequest(model_id="a", priority=0, client_id="vip")), 2)).release()
+        assert coord.pool.slots["a"].state == SlotState.READY
+        started = time.monotonic()
+        ticket = await asyncio.wait_for(coord.queue.acquire(
+            QueuedRequest(model_id="b", priority=9, client_id="batch")), 10)
+        ticket.release()
+        waited = time.monotonic() - started
+        # 9 levels × 0.5 s of aging, then "a" (idle, inside its keep-alive) is evicted
+        assert 4.0 <= waited < 6.0, waited
+        assert coord.pool.slots["a"].state == SlotState.IDLE
+    finally:
+        await coord.stop()
