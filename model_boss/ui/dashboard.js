@@ -208,7 +208,7 @@ function onEvent(event) {
     renderEventTypes();
   }
   if (event.type === "load_progress" && PROGRESS_STAGES.includes(event.stage)) {
-    state.progress.set(event.model, {...event, seenAt: Date.now()});
+    state.progress.set(event.model, event);
   }
   if (event.type === "config_changed" && !$("#config-form").contains(document.activeElement)) {
     readConfig().catch(() => {});
@@ -429,13 +429,13 @@ function keepAliveText(m) {
 function progressView(m) {
   const p = state.progress.get(m.id);
   const loading = m.slot?.state === "loading";
-  // a finished load's last stage stays a few seconds; an unfinished one while the slot loads
-  const fresh = p && Date.now() - p.seenAt < 4000;
+  // every load ends with ready or failed; that last stage stays a few seconds
   const final = p && (p.stage === "ready" || p.stage === "failed");
-  if (p && (final ? fresh : loading || fresh)) {
+  if (p && (!final || serverNow() - p.ts < 5)) {
     const pct = typeof p.fraction === "number" ? Math.round(p.fraction * 100) : null;
     return h("div", {class: `progress ${p.stage}`, "data-stage": p.stage},
-      h("div", {}, `${p.stage}${pct !== null ? ` ${pct}%` : ""} · ${(p.elapsed_s ?? 0).toFixed(1)} s`),
+      h("div", {}, `${p.stage}${pct !== null ? ` ${pct}%` : ""} · ${(p.elapsed_s ?? 0).toFixed(1)} s` +
+        (p.stage === "failed" && p.error ? ` · ${p.error}` : "")),
       h("progress", {max: 100, value: pct ?? undefined, "aria-label": `${m.id} load progress`}));
   }
   if (loading) {
