@@ -67,13 +67,17 @@ class Coordinator:
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
         from .services import job_runner
 
-        self.jobs = JobManager(job_store, job_runner(self),
-                               result_ttl_s=settings.job_result_ttl_s,
-                               max_active=settings.max_jobs)
         self.cluster = Cluster(settings, self.catalog, self.pool, self.queue) \
             if settings.cluster else None
         if self.cluster is not None:
             self.events.listen(self.cluster.membership.on_event)
+            self.jobs: JobManager = self.cluster.job_manager(
+                job_store, job_runner(self), result_ttl_s=settings.job_result_ttl_s,
+                max_active=settings.max_jobs)
+        else:
+            self.jobs = JobManager(job_store, job_runner(self),
+                                   result_ttl_s=settings.job_result_ttl_s,
+                                   max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
 
     def _make_store(self) -> LeaseStore:
@@ -120,6 +124,7 @@ class Coordinator:
             self._preload(model)
         if self.cluster is not None:
             await self.cluster.start()
+        await self.jobs.start()
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
 

@@ -17,9 +17,11 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import StoreUnavailable
 from ..inference import InferenceQueue, ModelPool
+from ..jobs import Job, JobStore, Runner
 from ..settings import Settings
 from .choice import Here, There, choose_member
 from .forward import Forwarder
+from .jobs import ANY, JobStreams, StreamJobManager
 from .membership import Membership
 from .records import MemberRecord
 from .store import ClusterStore
@@ -65,6 +67,31 @@ class Cluster:
         await self.membership.stop()
         await self.forwarder.close()
         await self.store.close()
+
+    def job_manager(self, store: JobStore, runner: Runner, *, result_ttl_s: float,
+                    max_active: int) -> StreamJobManager:
+        """The job manager of a member: jobs on Redis Streams (see :mod:`.jobs`)."""
+        streams = JobStreams(self.settings.redis_url, self.host_id,
+                             max_jobs=self.settings.max_jobs)
+        return StreamJobManager(
+            store, runner, streams, model_of=self._job_model,
+            models=lambda: [e.manifest.id for e in self.catalog if e.available] + [ANY],
+            warm_here=self._warm_here, warm_elsewhere=self._warm_elsewhere,
+            claim_s=self.settings.cluster_job_claim_s,
+            keep_s=self.settings.cluster_heartbeat_s,
+            result_ttl_s=result_ttl_s, max_active=max_active)
+
+    def _job_model(self, job: Job) -> str:
+        model = job.body.get("model")
+        entry = self.catalog.find(model) if isinstance(model, str) else None
+        return entry.manifest.id if entry is not None else ANY
+
+    def _warm_here(self) -> set[str]:
+        return {m for m, slot in self.pool.slots.items() if str(slot.state) == "ready"}
+
+    def _warm_elsewhere(self) -> set[str]:
+        return {s.model for host, record in self.membership.view.items()
+                if host != self.host_id for s in record.slots if s.state == "ready"}
 
     # -- routing ------------------------------------------------------------------------
 

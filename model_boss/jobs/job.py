@@ -34,6 +34,7 @@ class Job:
     error: dict[str, Any] | None = None
     created_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    member: str | None = None  # in a cluster: the member running (or that ran) it
 
     def public(self, with_body: bool = False) -> dict[str, Any]:
         data = asdict(self)

@@ -31,6 +31,9 @@ class JobManager:
         self.max_active = max_active
         self._tasks: dict[str, asyncio.Task] = {}
 
+    async def start(self) -> None:
+        """Begin taking work (a manager whose jobs wait elsewhere, on a stream, does)."""
+
     async def submit(self, endpoint: str, body: dict[str, Any], client_id: str) -> Job:
         if len(self._tasks) >= self.max_active:
             raise CapacityExceeded("too many active jobs", retry_after_s=10, code="queue_full")

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import redis
 
 from model_boss.gpu.redis_store import RedisLeaseStore
 from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
@@ -49,7 +50,7 @@ def members(tmp_path_factory, demo_gguf, redis_server):
             tmp_path_factory.mktemp(f"member-{host}"),
             {"redis_url": redis_server.url, "cluster": True, "host_id": host,
              "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": 2.0,
-             "cluster_load_lock_s": 10.0, "lease_ttl_s": 2.0,
+             "cluster_load_lock_s": 10.0, "cluster_job_claim_s": 2.0, "lease_ttl_s": 2.0,
              "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}]},
             manifests, env={"MODEL_BOSS_CLUSTER_SECRET": SECRET})
     try:
@@ -159,8 +160,16 @@ def test_redis_restart_members_reregister_within_a_heartbeat(members, redis_serv
     assert response.status_code == 200 and response.headers["x-model-boss-member"] == "c"
 
 
-def test_a_killed_member_drops_out_and_its_model_is_served_elsewhere(members, redis_server):
+def test_a_member_killed_mid_job(members, redis_server):
+    """The job C took (m1 is warm there) completes on another member, once; C's leases
+    expire with it; m1 is served elsewhere after a reload."""
     a, c = members["a"], members["c"]
+    body = chat("m1", max_tokens=16, ignore_eos=True)
+    submitted = httpx.post(a.url + "/api/v1/jobs", timeout=10,
+                           json={"endpoint": "/v1/chat/completions", "body": body})
+    assert submitted.status_code == 202, submitted.text
+    job_url = a.url + f"/api/v1/jobs/{submitted.json()['id']}"
+    wait_for(lambda: httpx.get(job_url, timeout=10).json()["member"] == "c", timeout=10)
     c.stop(signal.SIGKILL)
 
     async def c_leases() -> list:
@@ -172,6 +181,22 @@ def test_a_killed_member_drops_out_and_its_model_is_served_elsewhere(members, re
 
     wait_for(lambda: {m["host_id"] for m in cluster(a)["members"]} == {"a", "b"}, timeout=10)
     wait_for(lambda: asyncio.run(c_leases()) == [], timeout=10)  # expired with it
+    try:
+        done = wait_for(lambda: (j := httpx.get(job_url, timeout=10).json())["status"]
+                        in ("succeeded", "failed", "cancelled") and j, timeout=120)
+    except AssertionError:
+        raise AssertionError(f"{httpx.get(job_url).json()}\nA:\n{a.log()}\nB:\n"
+                             f"{members['b'].log()}") from None
+    assert done["status"] == "succeeded", done
+    assert done["member"] in ("a", "b")
+    assert done["result"]["usage"]["completion_tokens"] == 16
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        wait_for(lambda: client.xpending("model-boss:cluster:jobs:m1", "members")["pending"]
+                 == 0, timeout=10)
+        assert httpx.get(job_url, timeout=10).json()["finished_at"] == done["finished_at"]
+    finally:
+        client.close()
     response = httpx.post(a.url + "/v1/chat/completions", json=chat("m1"), timeout=90)
     assert response.status_code == 200, response.text
     assert response.headers["x-model-boss-member"] in ("a", "b")

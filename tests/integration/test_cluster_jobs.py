@@ -1,0 +1,61 @@
+"""JobStreams against a real Redis: a dead consumer's entry is re-claimed after its idle
+time, and a job finishes once however many runs try to finish it."""
+
+from __future__ import annotations
+
+import pytest
+
+from model_boss.cluster.jobs import JobStreams
+from model_boss.jobs import Job, JobStatus, RedisJobStore
+
+pytestmark = pytest.mark.redis
+
+
+async def test_reclaim_and_exactly_once(redis_url, redis_prefix):
+    dead = JobStreams(redis_url, "dead", prefix=redis_prefix)
+    alive = JobStreams(redis_url, "alive", prefix=redis_prefix)
+    store = RedisJobStore(redis_url, prefix=redis_prefix)
+    try:
+        job = Job(id="job-1", endpoint="/v1/chat/completions", body={"model": "m"},
+                  client_id="c")
+        assert await dead.write(job, None)
+        await dead.add("m", job.id)
+        [(taken, job_id)] = await dead.take(["m"], None)
+        assert job_id == "job-1"
+        assert await alive.take(["m"], None) == []  # delivered once
+        assert await alive.reclaim(["m"], idle_s=60) == []  # not idle long enough
+        [(claimed, job_id)] = await alive.reclaim(["m"], idle_s=0)
+        assert job_id == "job-1" and claimed.entry == taken.entry
+
+        job.status, job.member, job.result = JobStatus.SUCCEEDED, "alive", {"n": 1}
+        assert await alive.write(job, 60, claimed)
+        late = Job(id="job-1", endpoint=job.endpoint, body=job.body, client_id="c",
+                   status=JobStatus.SUCCEEDED, member="dead", result={"n": 2})
+        assert not await dead.write(late, 60, taken)  # the second finish is refused
+        running = Job(id="job-1", endpoint=job.endpoint, body=job.body, client_id="c",
+                      status=JobStatus.RUNNING)
+        assert not await dead.write(running, None)  # nor may a finished job run again
+        stored = await store.get("job-1")
+        assert stored.status == JobStatus.SUCCEEDED and stored.member == "alive"
+        assert stored.result == {"n": 1}
+        pending = await alive._redis.xpending(alive.stream("m"), "members")
+        assert pending["pending"] == 0
+    finally:
+        for closing in (dead, alive, store):
+            await closing.close()
+
+
+async def test_give_back_makes_the_job_takeable_at_once(redis_url, redis_prefix):
+    leaving = JobStreams(redis_url, "leaving", prefix=redis_prefix)
+    other = JobStreams(redis_url, "other", prefix=redis_prefix)
+    try:
+        job = Job(id="job-2", endpoint="/v1/completions", body={}, client_id="c")
+        await leaving.write(job, None)
+        await leaving.add("_any", job.id)
+        [(taken, _)] = await leaving.take(["_any"], None)
+        await leaving.give_back(taken, job.id)
+        [(again, job_id)] = await other.take(["_any"], None)
+        assert job_id == "job-2" and again.entry != taken.entry
+    finally:
+        await leaving.close()
+        await other.close()
