@@ -68,7 +68,8 @@ class Membership:
                 queued=queued.get(view.model_id, 0), parallel=slot.parallel,
                 pinned=view.pinned, last_used=view.last_used,
                 last_priority=view.last_priority, unload_at=view.unload_at,
-                allocations=dict(view.allocations)))
+                allocations=dict(view.allocations), reload_s=view.reload_s,
+                rate_per_s=view.rate_per_s))
         return MemberRecord(
             host_id=self.host_id, url=self.url, version=__version__,
             gpus=tuple(g.to_dict() for g in self.pool.boss.gpus),

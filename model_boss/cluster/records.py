@@ -30,6 +30,8 @@ class SlotRecord:
     last_priority: int = 5
     unload_at: float | None = None
     allocations: dict[int, int] = field(default_factory=dict)
+    reload_s: float = 0.0  # the evictor's cost figures (see SlotView)
+    rate_per_s: float = 0.0
 
     @property
     def parallel_free(self) -> int:
@@ -37,7 +39,8 @@ class SlotRecord:
 
     def view(self) -> SlotView:
         return SlotView(self.model, self.state, self.pinned, self.active, self.last_used,
-                        self.last_priority, self.unload_at, dict(self.allocations))
+                        self.last_priority, self.unload_at, dict(self.allocations),
+                        self.reload_s, self.rate_per_s)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
