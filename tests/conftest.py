@@ -59,12 +59,13 @@ class ServerProcess:
         self.log_path = workdir / "server.log"
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self.checkout = ROOT  # the code it runs (a benchmark may run another checkout's)
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "model_boss", "serve", "--config", str(self.config_path)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=str(ROOT))
+            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.checkout))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -134,12 +134,13 @@ class SlotOwner:
             return None
         return self._begin("load", SlotLoad(self, priority).run())
 
-    async def evict(self, reason: str) -> bool:
+    async def evict(self, reason: str) -> str | None:
         """Free this slot's VRAM for another model, if it is idle right now: park it in CPU RAM
-        when its backend can and RAM allows, else stop it. Never waits for a busy slot."""
+        when its backend can and RAM allows, else stop it. Never waits for a busy slot.
+        Returns the tier the slot ended in ("cpu" or "disk"), None when it was not evicted."""
         s = self.slot
         if self.busy or s.state != S.READY or s.active or s.pinned:
-            return False
+            return None
         offload = bool(s.backend is not None and s.backend.can_offload)
         s.transition(S.OFFLOADING if offload else S.STOPPING, f"evicted: {reason}")
         op = self._begin("offload" if offload else "stop",
@@ -147,7 +148,7 @@ class SlotOwner:
         tier = await asyncio.shield(op)
         self.pool.events.emit("evicted", model=self.model_id, reason=reason, tier=tier,
                               last_priority=s.last_priority)
-        return True
+        return tier
 
     async def unload(self, reason: str = "unload requested", *, wait_s: float = 0.0,
                      wait_for_op: bool = False,
@@ -292,6 +293,7 @@ class SlotOwner:
         await self.pool.release_lease(lease, self.model_id)
         self.pool.events.emit("offloaded", model=self.model_id, reason=reason, ram_mb=need,
                               seconds=round(time.monotonic() - started, 3),
+                              worker_seconds=report.get("seconds"),
                               freed_mb=report.get("freed_mb"))
         return "cpu"
 

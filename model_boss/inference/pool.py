@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 ONLOAD_GUESS_S = 1.0  # a CPU-tier onload before one was measured
 MAX_PLAN_ROUNDS = 50  # re-plans one load may take while others race it for the same VRAM
+RECLAIM_POLL_S = 0.02  # NVML reads while waiting for an evicted model's VRAM to come back
+RECLAIMED_SHARE = 0.9  # of the evicted lease: leases are estimates, the driver's figure is not
 BackendFactory = Callable[[CatalogEntry, Settings], InferenceBackend]
 
 
@@ -181,8 +183,11 @@ class ModelPool:
                     # claim the room first, so no other load takes what this one frees
                     self._claims[owner.model_id] = dict(decision.placement.allocations)
                     victim = self.owners[decision.victims[0]]
-                    if await victim.evict(f"room for {owner.model_id}"):
-                        await asyncio.sleep(self.settings.reclaim_sleep_s)  # driver reclaims
+                    held = self._held_vram(victim.slot)
+                    before = await self._driver_free() if held else {}
+                    tier = await victim.evict(f"room for {owner.model_id}")
+                    if tier:
+                        await self._wait_reclaimed(tier, held, before)
                     else:
                         await asyncio.sleep(0.05)  # it just became busy: re-plan
                     continue
@@ -193,6 +198,51 @@ class ModelPool:
                                    f"plans; others keep taking the VRAM", retry_after_s=5)
         finally:
             self._claims.pop(owner.model_id, None)
+
+    @staticmethod
+    def _held_vram(slot: ModelSlot) -> dict[int, int]:
+        """VRAM per GPU an eviction of ``slot`` should give back: its lease, scaled down to
+        what its worker measured when that is less (a lease is an estimate)."""
+        held = dict(slot.lease.allocations) if slot.lease else {}
+        total = sum(held.values())
+        if slot.measured_mb and 0 < slot.measured_mb < total:
+            held = {gpu: mb * slot.measured_mb // total for gpu, mb in held.items()}
+        return held
+
+    async def _driver_free(self) -> dict[int, int]:
+        """What the driver (NVML) says is free per GPU; {} without NVML."""
+        if self.boss.nvml is None:
+            return {}
+        return {u.index: u.nvml_free_mb for u in await self.boss.usage()
+                if u.nvml_free_mb is not None}
+
+    async def _wait_reclaimed(self, tier: str, held: dict[int, int],
+                              before: dict[int, int]) -> None:
+        """After an eviction, until the driver has the victim's VRAM back, so the next plan
+        does not evict a second victim for memory that is only late. With NVML: poll until
+        the driver's free VRAM has risen by (nearly) what the victim's lease held, for at most
+        ``reclaim_sleep_s``. Without NVML there is nothing to watch: a parked pipeline's worker
+        answered its offload after emptying its CUDA cache, so nothing is waited for; a
+        stopped worker's VRAM may come back a moment after its process is gone, so that waits
+        ``reclaim_sleep_s``."""
+        limit = self.settings.reclaim_sleep_s
+        if limit <= 0 or not held:
+            return
+        if not before:
+            if tier == "disk":
+                await asyncio.sleep(limit)
+            return
+        deadline = time.monotonic() + limit
+        while True:
+            now = await self._driver_free()
+            if all(now.get(gpu, 0) - before.get(gpu, 0) >= mb * RECLAIMED_SHARE
+                   for gpu, mb in held.items()):
+                return
+            if time.monotonic() >= deadline:
+                log.info("driver shows less VRAM back than the evicted lease held after %.1fs;"
+                         " re-planning anyway", limit)
+                return
+            await asyncio.sleep(RECLAIM_POLL_S)
 
     # -- asking the owners ----------------------------------------------------------------
 

@@ -76,10 +76,10 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
         m.setdefault("path", str(tmp_path / "weights.gguf"))
     (tmp_path / "weights.gguf").write_bytes(b"GGUF" + b"\0" * 1024)
     manifest_file.write_text(yaml.safe_dump(manifests))
+    kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
     config = Settings(manifests=[manifest_file], tasks_file=None, state_dir=tmp_path / "state",
                       gpus=gpus or [{"index": 0, "name": "sim", "vram_mb": 4096}],
-                      use_nvml=False, reclaim_sleep_s=0, **settings)
-    kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
+                      use_nvml=False, **{"reclaim_sleep_s": 0, **settings})
     coord = Coordinator(config, backend_factory=lambda entry, s: FakeBackend(entry, s, log,
                                                                              **kwargs))
     return coord, log

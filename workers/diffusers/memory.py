@@ -7,6 +7,7 @@ torch is imported inside the functions that need it so the pure decision stays c
 
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import ExitStack, contextmanager
 from enum import StrEnum
@@ -236,6 +237,18 @@ def cuda_report() -> dict[str, int]:
             "cuda_reserved_mb": sum(torch.cuda.memory_reserved(d) for d in devices) // MB,
             "cuda_peak_mb": sum(torch.cuda.max_memory_allocated(d) for d in devices) // MB,
             "cuda_free_mb": sum(torch.cuda.mem_get_info(d)[0] for d in used) // MB}
+
+
+def release_cuda_cache(leftover_mb: int = 64) -> None:
+    """Give torch's cached VRAM back to the driver. A full ``gc.collect()`` (0.2-0.3 s with
+    torch and diffusers loaded) runs only when tensors are still allocated after that, i.e.
+    when reference cycles hold some: the common move frees everything by reference count."""
+    import torch
+
+    torch.cuda.empty_cache()
+    if torch.cuda.memory_allocated() // MB > leftover_mb:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def cuda_free_mb(device: Any) -> int:

@@ -10,7 +10,6 @@ the state change they depend on, so no await or thread switch sits between check
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import threading
@@ -31,7 +30,7 @@ from .errors import (
     WorkerError,
 )
 from .loader import LoadedPipeline
-from .memory import Offload, cuda_report, rss_mb
+from .memory import Offload, cuda_report, release_cuda_cache, rss_mb
 from .options import WorkerOptions
 from .tickets import Ticket, TicketBook
 
@@ -218,16 +217,15 @@ class PipelineHolder:
                 "seconds": round(time.monotonic() - started, 4)}
 
     def _move_weights(self, device: str) -> None:
-        """``pipe.to(device)`` unless offload hooks own the placement; then free the cache."""
+        """``pipe.to(device)`` unless offload hooks own the placement; after a move off CUDA,
+        hand the freed VRAM back to the driver before answering (the coordinator releases
+        the lease on that answer)."""
         assert self.loaded is not None
         if self.loaded.hooks is None:
             # parked, not run there: no "float16 cannot run on the CPU" warning
             self.loaded.pipe.to(device, silence_dtype_warnings=True)
-        gc.collect()
-        if self.loaded.device == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        if self.loaded.device == "cuda" and device == "cpu":
+            release_cuda_cache()
 
     def _undo_move(self, back_to: str, state: PipelineState, reason: str) -> None:
         """Put the weights back where they were; FAILED when even that does not work."""
