@@ -100,5 +100,6 @@ async def test_stopped_victim_without_nvml_still_waits_reclaim_sleep(tmp_path):
 
 
 async def _until(predicate, interval_s: float = 0.01) -> None:
-    while not predicate():
+    """Poll a state the coordinator exposes no event for; callers bound it with wait_for."""
+    while not predicate():  # noqa: ASYNC110
         await asyncio.sleep(interval_s)
