@@ -70,8 +70,7 @@ def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
         for slot in server.status()["slots"]:
             if slot["port"]:
-                health = httpx.get(f"http://127.0.0.1:{slot['port']}/health").json()
-                loads.append(health["load_s"])
+                loads.append(worker_health(slot)["load_s"])
     finally:
         server.stop()
     offloaded = [e for e in events if e["type"] == "offloaded"]
@@ -80,6 +79,15 @@ def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
             "offload": [e["seconds"] for e in offloaded],
             "to_device": [e["worker_seconds"] for e in events if e["type"] == "onloaded"],
             "cold_start": [e["seconds"] for e in events if e["type"] == "loaded"]}
+
+
+def worker_health(slot: dict) -> dict:
+    """A worker's own /health, with the secret the coordinator gave it (in its environment)."""
+    environ = Path(f"/proc/{slot['pid']}/environ").read_bytes().split(b"\0")
+    secret = next(v.split(b"=", 1)[1].decode() for v in environ
+                  if v.startswith(b"WORKER_API_KEY="))
+    return httpx.get(f"http://127.0.0.1:{slot['port']}/health",
+                     headers={"Authorization": f"Bearer {secret}"}).json()
 
 
 def med(values: list[float]) -> float:
