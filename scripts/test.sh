@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what is needed and run the whole test suite (pytest arguments pass through,
-# e.g. scripts/test.sh -m "not slow" for the fast part only).
+# e.g. scripts/test.sh -m "not slow" for the fast part only, or -n 0 for one process).
+# Test files run in parallel on MODEL_BOSS_TEST_WORKERS processes (default 2; pytest-xdist,
+# one file per process at a time so module-scoped coordinators stay whole).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh "llama,diffusion,test"
@@ -9,4 +11,4 @@ if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
        "will be SKIPPED. Install it with: apt-get install chromium" >&2
 fi
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${MODEL_BOSS_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -51,7 +51,9 @@ def test_mixed_load_leaves_no_stuck_slot_or_lease(make_server, demo_gguf):
             assert ("[DONE]" in text) if stream else ('"choices"' in text)
         else:
             assert "retry-after" in headers and '"error"' in text
-    assert sum(r[0] == 200 for r in results) >= len(plan) // 2
+    served = {model for (model, *_), (status, *_) in zip(plan, results, strict=True)
+              if status == 200}
+    assert served == {"a", "b"}  # both models ran; under load the rest may be 503 budget_exceeded
 
     def settled():
         status = server.status()
