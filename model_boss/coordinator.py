@@ -67,10 +67,10 @@ class Coordinator:
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
         from .services import job_runner
 
-        self.cluster = Cluster(settings, self.catalog, self.pool, self.queue) \
+        self.cluster = Cluster(settings, self.catalog, self.pool, self.queue, self.runtime) \
             if settings.cluster else None
         if self.cluster is not None:
-            self.events.listen(self.cluster.membership.on_event)
+            self.events.listen(self.cluster.on_event)
             self.jobs: JobManager = self.cluster.job_manager(
                 job_store, job_runner(self), result_ttl_s=settings.job_result_ttl_s,
                 max_active=settings.max_jobs)

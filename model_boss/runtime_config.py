@@ -98,6 +98,11 @@ class RuntimeConfig:
         if self.redis_url and (self._keeper is None or self._keeper.done()):
             self._keeper = asyncio.create_task(self._keep(), name="runtime-config-keeper")
 
+    async def reload(self) -> None:
+        """Read the persisted values again (another coordinator changed them)."""
+        async with self._lock:
+            await self._restore_once()
+
     async def _restore_once(self) -> None:
         try:
             stored = await self._read()

@@ -18,12 +18,14 @@ from ..catalog import Catalog
 from ..errors import StoreUnavailable
 from ..inference import InferenceQueue, ModelPool
 from ..jobs import Job, JobStore, Runner
+from ..runtime_config import RuntimeConfig
 from ..settings import Settings
 from .choice import Here, There, choose_member
 from .forward import Forwarder
 from .jobs import ANY, JobStreams, StreamJobManager
 from .membership import Membership
 from .records import MemberRecord
+from .shared import SharedState
 from .store import ClusterStore
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class Cluster:
     """Membership, routing and forwarding for one member."""
 
     def __init__(self, settings: Settings, catalog: Catalog, pool: ModelPool,
-                 queue: InferenceQueue) -> None:
+                 queue: InferenceQueue, runtime: RuntimeConfig) -> None:
         self.settings = settings
         self.catalog = catalog
         self.pool = pool
@@ -55,15 +57,24 @@ class Cluster:
         self.forwarder = Forwarder(settings.member_id, secret,
                                    timeout_s=settings.request_timeout_s)
         self.host_id = settings.member_id
+        self.shared = SharedState(self.store, self.membership, runtime, pool.learned,
+                                  sync_every_s=5 * settings.cluster_heartbeat_s)
         self._background: set[asyncio.Task] = set()
+
+    def on_event(self, event: dict) -> None:
+        """EventBus listener: slot changes, config changes, new measurements."""
+        self.membership.on_event(event)
+        self.shared.on_event(event)
 
     async def start(self) -> None:
         await self.membership.start()
+        await self.shared.start()
 
     async def stop(self) -> None:
         for task in list(self._background):
             with contextlib.suppress(BaseException):
                 await task
+        await self.shared.stop()
         await self.membership.stop()
         await self.forwarder.close()
         await self.store.close()

@@ -10,6 +10,7 @@ its model is served elsewhere.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -158,6 +159,28 @@ def test_redis_restart_members_reregister_within_a_heartbeat(members, redis_serv
              and asyncio.run(c_leases()) == [lease_id], timeout=4 * HEARTBEAT_S + 2)
     response = httpx.post(a.url + "/v1/chat/completions", json=chat("m1"), timeout=60)
     assert response.status_code == 200 and response.headers["x-model-boss-member"] == "c"
+
+
+def test_runtime_config_and_learned_figures_are_shared(members, redis_server):
+    a, b, c = members["a"], members["b"], members["c"]
+
+    def fallback(server: ServerProcess) -> bool:
+        return httpx.get(server.url + "/api/v1/config", timeout=10).json()["allowCloudFallback"]
+
+    try:
+        assert httpx.put(a.url + "/api/v1/config", json={"allowCloudFallback": False},
+                         timeout=10).status_code == 200
+        wait_for(lambda: not fallback(b) and not fallback(c), timeout=5)
+    finally:
+        httpx.put(a.url + "/api/v1/config", json={"allowCloudFallback": True}, timeout=10)
+    wait_for(lambda: fallback(b) and fallback(c), timeout=5)
+    client = redis.Redis.from_url(redis_server.url)
+    try:  # each model's cold load, measured where it happened, is in the shared figures
+        shared = wait_for(lambda: (h := client.hgetall("model-boss:cluster:learned"))
+                          and {k.decode() for k in h} >= {"m1", "m2", "m3"} and h, timeout=10)
+        assert all(json.loads(v)["load_s"] > 0 for v in shared.values())
+    finally:
+        client.close()
 
 
 def test_a_member_killed_mid_job(members, redis_server):

@@ -13,7 +13,9 @@ from model_boss.cluster import (
     choose_member,
     forward_refusal,
 )
+from model_boss.cluster.shared import merge_learned, own_figures
 from model_boss.errors import ConfigError
+from model_boss.inference.learned import LearnedStats
 from model_boss.inference.planner import Demand
 from model_boss.settings import load_settings
 
@@ -151,3 +153,35 @@ def test_cluster_settings_defaults(monkeypatch):
     assert settings.member_id.endswith(":9000")
     assert load_settings(None, advertise_url="http://gpu1:80/", host_id="gpu1").member_url \
         == "http://gpu1:80"
+
+
+def test_learned_figures_fill_only_what_was_not_measured_here():
+    stats = LearnedStats()
+    stats.observe_load("mine", 3.0)
+    stats.observe_vram("mine", 900)
+    shared = {"mine": {"load_s": 9.0, "loads": 4, "vram_mb": 100, "infer_s": 0.5,
+                       "requests": 7},
+              "theirs": {"load_s": 2.5, "loads": 2, "vram_mb": 1200, "infer_s": None,
+                         "requests": 0}}
+    assert merge_learned(stats, shared) == ["mine", "theirs"]
+    assert (stats.get("mine").load_s, stats.get("mine").vram_mb) == (3.0, 900)  # own kept
+    assert stats.get("mine").infer_s == 0.5  # never measured here: taken
+    assert (stats.get("theirs").load_s, stats.get("theirs").vram_mb) == (2.5, 1200)
+    assert merge_learned(stats, shared) == []  # nothing new the second time
+    assert set(own_figures(stats)) == {"mine", "theirs"}
+
+
+def test_ps_cluster_table():
+    from model_boss.cli_cluster import format_cluster
+
+    record = member("gpu1", slots=(slot("m", active=1, queued=2),)).to_dict()
+    record["gpus"] = [{"index": 0, "vram_mb": 24576}]
+    text = format_cluster({"enabled": True, "host_id": "gpu1",
+                           "members": [{**record, "self": True}],
+                           "models": {"m": [{"host_id": "gpu1", "state": "ready",
+                                             "tier": "gpu", "active": 1, "queued": 2,
+                                             "parallel_free": 0}]}})
+    assert "gpu1 *" in text and "0:24576MB" in text
+    assert [line.split() for line in text.splitlines() if line.startswith("m ")] == [
+        ["m", "gpu1", "ready", "gpu", "1", "2"]]
+    assert "not a cluster member" in format_cluster({"enabled": False})
