@@ -414,7 +414,9 @@ function placementText(slot) {
   const layers = p.gpu_layers === null || p.gpu_layers === undefined
     ? "all layers" : `${p.gpu_layers}/${p.total_layers} layers`;
   const split = p.tensor_split?.length ? ` · split ${p.tensor_split.join("/")}` : "";
-  return `${gpus} · ${p.kind} · ${layers} on GPU · ${p.share}${split}`;
+  // the processor split as `ollama ps` tells it (declared GPUs marked), where the server says
+  const where = slot.processor?.label || p.share;
+  return `${gpus} · ${p.kind} · ${layers} on GPU · ${where}${split}`;
 }
 
 function keepAliveText(m) {
