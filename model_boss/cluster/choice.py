@@ -50,7 +50,13 @@ Choice = Here | There
 def choose_member(demand: Demand, members: Sequence[MemberRecord], local_id: str,
                   now: float) -> Choice:
     """Pick the member for ``demand``. Pure: no I/O, no clock (``now`` is given)."""
-    model = demand.model_id
+    return (where_warm(demand.model_id, members, local_id)
+            or where_cold(demand, members, local_id, now))
+
+
+def where_warm(model: str, members: Sequence[MemberRecord], local_id: str) -> Choice | None:
+    """Rules 1 and 2: where ``model`` is READY, else on its way; None when it is nowhere.
+    Needs no estimate of the model, so a warm request costs no more than this."""
     serving = [m for m in members if model in m.models]
     ready = [(m, s) for m in serving if (s := m.slot(model)) is not None and s.state == "ready"]
     if ready:
@@ -64,8 +70,17 @@ def choose_member(demand: Demand, members: Sequence[MemberRecord], local_id: str
         member = min(coming, key=lambda m: (m.host_id != local_id, m.host_id))
         state = member.slot(model).state  # type: ignore[union-attr]
         return _pick(member, local_id, f"'{model}' is {state} on {member.host_id}")
+    return None
+
+
+def where_cold(demand: Demand, members: Sequence[MemberRecord], local_id: str,
+               now: float) -> Choice:
+    """Rule 3: the member whose own plan for loading ``demand`` is cheapest."""
+    model = demand.model_id
     costed = []
-    for member in serving:
+    for member in members:
+        if model not in member.models:
+            continue
         cost = _cost(demand, member, now)
         if cost is not None:
             costed.append((cost, member.queue_depth, member.host_id != local_id,

@@ -20,7 +20,7 @@ from ..inference import InferenceQueue, ModelPool
 from ..jobs import Job, JobStore, Runner
 from ..runtime_config import RuntimeConfig
 from ..settings import Settings
-from .choice import Here, There, choose_member
+from .choice import Here, There, where_cold, where_warm
 from .forward import Forwarder
 from .jobs import ANY, JobStreams, StreamJobManager
 from .membership import Membership
@@ -120,12 +120,15 @@ class Cluster:
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
             return Route(None, f"'{model_id}' is {state} here")
-        demand = self.pool.demand(entry, priority)
-        choice = choose_member(demand, self._members(), self.host_id, time.time())
-        if not choice.cold:
-            return _route(choice)
+        warm = where_warm(model_id, self._members(), self.host_id)
+        if warm is not None:
+            return _route(warm)
         if state == "ready":  # our own record was older than the slot
             return Route(None, f"'{model_id}' is ready here")
+        demand = self.pool.demand(entry, priority)
+        choice = where_cold(demand, self._members(), self.host_id, time.time())
+        if not choice.cold:  # no member can take it: this one answers why
+            return _route(choice)
         target = choice.member.host_id if isinstance(choice, There) else self.host_id
         try:
             taken, loader = await self.store.take_load(model_id, target,
@@ -133,8 +136,8 @@ class Cluster:
             if taken:
                 # fresh records: the loader before us may have published and let go since
                 await self.membership.refresh()
-                again = choose_member(demand, self._members(), self.host_id, time.time())
-                if not again.cold:
+                again = where_warm(model_id, self._members(), self.host_id)
+                if again is not None:
                     await self.store.keep_load(model_id, target, 0)
                     return _route(again)
                 route = _route(choice)
