@@ -23,6 +23,7 @@ class UpstreamReply:
     content_type: str
     body: bytes | None
     chunks: AsyncIterator[bytes] | None
+    retry_after: str | None = None  # the remote's Retry-After, on an error answer
 
 
 class UpstreamClient:
@@ -66,7 +67,8 @@ class UpstreamClient:
             raise UpstreamTransportError(f"{type(exc).__name__}: {exc}") from exc
         finally:
             response.release()
-        return UpstreamReply(response.status, content_type, data, None)
+        return UpstreamReply(response.status, content_type, data, None,
+                             response.headers.get("retry-after"))
 
     async def _chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         try:

@@ -12,7 +12,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ..cluster import MEMBER_HEADER, MemberUnreachable
+from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
 from ..inference import QueuedRequest
 from .extensions import Extensions
 from .native import NATIVE_BODIES
@@ -63,10 +66,37 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
     from .serving import MODEL_HEADER, Served, sse_error
 
     headers = {MODEL_HEADER: queued.model_id, MEMBER_HEADER: route.member.host_id}
+    if reply.chunks is None and reply.status >= 400:
+        raise member_error(reply.status, reply.body or b"", reply.retry_after)
     if reply.chunks is None:
         return Served(reply.status, headers, reply.content_type, body=reply.body or b"")
     return Served(reply.status, headers, reply.content_type,
                   chunks=_relay(reply.chunks, sse_error))
+
+
+# a member's refusal that says "this model cannot serve now": a task's next rung is worth a try
+_FALLBACK_CODES = {"model_load_failed": LoadFailed, "model_unavailable": ModelUnavailable,
+                   "worker_failed": WorkerCrashed, "capacity_exceeded": CapacityExceeded}
+
+
+def member_error(status: int, body: bytes, retry_after: str | None) -> ModelBossError:
+    """A member's error answer as the error it was there: same status, envelope and
+    Retry-After, and the same class where the ladder falls back on it."""
+    try:
+        fields = orjson.loads(body)["error"]
+        message, code = str(fields["message"]), fields.get("code")
+    except (ValueError, KeyError, TypeError):
+        fields, message, code = {}, "a cluster member failed the request", "upstream_error"
+    try:
+        retry_s = float(retry_after) if retry_after else None
+    except ValueError:
+        retry_s = None
+    error = _FALLBACK_CODES.get(str(code), ModelBossError)(
+        message, param=fields.get("param"), code=code, retry_after_s=retry_s,
+        status_code=status)
+    if fields.get("type"):
+        error.error_type = str(fields["type"])
+    return error
 
 
 async def _relay(chunks: AsyncIterator[bytes],

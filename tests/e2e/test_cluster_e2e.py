@@ -93,6 +93,13 @@ def test_a_model_warm_on_c_is_served_through_a_streaming(members):
     assert "m1" not in {s["model"] for s in a.status()["slots"]}  # nothing loaded on A
     clients = {c["client_id"]: c for c in c.status()["queue"]["clients"]}
     assert "team-x" in clients  # the client id reached C
+    too_long = chat("m1", x_client_id="too-long")
+    too_long["messages"][0]["content"] = "x " * 3000  # C's worker refuses it: C's 400 as is
+    refused = httpx.post(a.url + "/v1/chat/completions", json=too_long, timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    clients = {c["client_id"]: c for c in c.status()["queue"]["clients"]}
+    assert clients["too-long"]["client_errors"] == 1  # refused on C, not on A
 
 
 def test_a_model_nowhere_loads_on_the_member_with_room(members):

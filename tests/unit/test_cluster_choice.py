@@ -185,3 +185,25 @@ def test_ps_cluster_table():
     assert [line.split() for line in text.splitlines() if line.startswith("m ")] == [
         ["m", "gpu1", "ready", "gpu", "1", "2"]]
     assert "not a cluster member" in format_cluster({"enabled": False})
+
+
+@pytest.mark.parametrize("status,body,retry,kind,code", [
+    (503, b'{"error": {"message": "no", "type": "server_error", "param": null, '
+          b'"code": "model_load_failed"}}', "7", "LoadFailed", "model_load_failed"),
+    (503, b'{"error": {"message": "busy", "type": "server_error", "param": null, '
+          b'"code": "queue_full"}}', "3", "ModelBossError", "queue_full"),
+    (400, b'{"error": {"message": "bad", "type": "invalid_request_error", "param": "n", '
+          b'"code": "invalid_request"}}', None, "ModelBossError", "invalid_request"),
+    (502, b"<html>proxy error</html>", None, "ModelBossError", "upstream_error"),
+])
+def test_a_members_error_keeps_its_status_envelope_and_retry_after(status, body, retry,
+                                                                    kind, code):
+    from model_boss.services.clustered import member_error
+
+    error = member_error(status, body, retry)
+    assert type(error).__name__ == kind and error.status_code == status
+    assert error.envelope()["error"]["code"] == code
+    assert error.headers() == ({"Retry-After": retry} if retry else {})
+    if status == 400:
+        assert error.envelope()["error"]["type"] == "invalid_request_error"
+        assert error.envelope()["error"]["param"] == "n"
