@@ -84,13 +84,18 @@ class Cluster:
         """The job manager of a member: jobs on Redis Streams (see :mod:`.jobs`)."""
         streams = JobStreams(self.settings.redis_url, self.host_id,
                              max_jobs=self.settings.max_jobs)
-        return StreamJobManager(
+        manager = StreamJobManager(
             store, runner, streams, model_of=self._job_model,
             models=lambda: [e.manifest.id for e in self.catalog if e.available] + [ANY],
             warm_here=self._warm_here, warm_elsewhere=self._warm_elsewhere,
             claim_s=self.settings.cluster_job_claim_s,
             keep_s=self.settings.cluster_heartbeat_s,
+            announce_cancel=lambda job_id: self.store.notify("job_cancelled", self.host_id,
+                                                             job=job_id),
             result_ttl_s=result_ttl_s, max_active=max_active)
+        self.membership.on_notice("job_cancelled", lambda notice: self._spawn(
+            manager.cancelled_elsewhere(str(notice.get("job")))))
+        return manager
 
     def _job_model(self, job: Job) -> str:
         model = job.body.get("model")

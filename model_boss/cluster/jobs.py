@@ -15,8 +15,8 @@ The job itself stays where :class:`~model_boss.jobs.RedisJobStore` keeps it
   to change a finished job; the finishing write also acknowledges the entry. A second run of
   the same job (the first member was slow, not dead) finds it finished and leaves it be.
 - **A member that stops** (SIGTERM) puts its running jobs back on their streams at once.
-- **Cancel** marks the job cancelled wherever it runs; a member running it elsewhere finishes
-  its run, and its outcome is refused (the job is finished).
+- **Cancel** marks the job cancelled wherever it runs and sends a notice; the member running
+  it stops it (were the notice lost, that run's outcome is refused: the job is finished).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,8 +181,9 @@ class StreamJobManager(JobManager):
     def __init__(self, store: JobStore, runner: Runner, streams: JobStreams, *,
                  model_of: Callable[[Job], str], models: Callable[[], list[str]],
                  warm_here: Callable[[], set[str]], warm_elsewhere: Callable[[], set[str]],
-                 claim_s: float, keep_s: float, result_ttl_s: float = 3600,
-                 max_active: int = 1000) -> None:
+                 claim_s: float, keep_s: float,
+                 announce_cancel: Callable[[str], Awaitable[None]] | None = None,
+                 result_ttl_s: float = 3600, max_active: int = 1000) -> None:
         super().__init__(store, runner, result_ttl_s=result_ttl_s, max_active=max_active)
         self.streams = streams
         self.model_of = model_of
@@ -191,6 +192,7 @@ class StreamJobManager(JobManager):
         self.warm_elsewhere = warm_elsewhere
         self.claim_s = claim_s
         self.keep_s = keep_s
+        self.announce_cancel = announce_cancel
         self._taken: dict[str, Taken] = {}
         self._stopping = False
         self._loop: asyncio.Task | None = None
@@ -219,7 +221,17 @@ class StreamJobManager(JobManager):
         if job.status not in FINISHED:  # queued, or running on another member
             job.status, job.finished_at = JobStatus.CANCELLED, time.time()
             await self.streams.write(job, self.result_ttl_s)
+            if self.announce_cancel is not None:  # the member running it stops it
+                await self.announce_cancel(job_id)
         return await self.get(job_id)
+
+    async def cancelled_elsewhere(self, job_id: str) -> None:
+        """Another member cancelled a job this member runs: stop it."""
+        task = self._tasks.get(job_id)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     # -- taking work --------------------------------------------------------------------
 

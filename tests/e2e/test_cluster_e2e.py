@@ -168,6 +168,24 @@ def test_redis_restart_members_reregister_within_a_heartbeat(members, redis_serv
     assert response.status_code == 200 and response.headers["x-model-boss-member"] == "c"
 
 
+def test_a_job_cancelled_on_one_member_stops_where_it_runs(members):
+    a, b = members["a"], members["b"]
+    wait_for(lambda: where(a, "m2") == {"b": "ready"}, timeout=10)
+    body = chat("m2", max_tokens=1000, ignore_eos=True, x_client_id="cancel-me")
+    job = httpx.post(a.url + "/api/v1/jobs", timeout=10,
+                     json={"endpoint": "/v1/chat/completions", "body": body}).json()
+    job_url = a.url + f"/api/v1/jobs/{job['id']}"
+    wait_for(lambda: httpx.get(job_url, timeout=10).json()["status"] == "running", timeout=30)
+    assert httpx.get(job_url, timeout=10).json()["member"] == "b"  # m2 is warm there
+    assert httpx.delete(job_url, timeout=10).json()["status"] == "cancelled"
+
+    def stopped_on_b() -> bool:
+        stats = {c["client_id"]: c for c in b.status()["queue"]["clients"]}
+        return stats["cancel-me"]["in_flight"] == 0
+    wait_for(stopped_on_b, timeout=10)
+    assert httpx.get(job_url, timeout=10).json()["status"] == "cancelled"
+
+
 def test_runtime_config_and_learned_figures_are_shared(members, redis_server):
     a, b, c = members["a"], members["b"], members["c"]
 
