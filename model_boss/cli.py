@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import sys
+import time
 
 import httpx
 
 from .errors import ConfigError
+from .ps_table import render_ps
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -80,23 +82,7 @@ def _ps(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
         return 1
-    print(f"{'GPU':<5}{'NAME':<22}{'CAPACITY':>10}{'LEASED':>10}{'FREE':>10}")
-    for g in data["gpus"]:
-        print(f"{g['index']:<5}{g['name'][:21]:<22}{g['capacity_mb']:>10}{g['leased_mb']:>10}"
-              f"{g['free_mb']:>10}")
-    print()
-    # FROM: the estimate's rung (measured, manifest, llama.cpp-fit, file, file_size, ...)
-    print(f"{'MODEL':<28}{'STATE':<11}{'VRAM MB':>8} {'FROM':<14}{'PID':>8}{'ACTIVE':>7}  "
-          "PLACEMENT")
-    for s in data["slots"]:
-        est = s.get("vram_estimate") or {}
-        placement = s.get("placement") or {}
-        where = placement.get("kind", "-")
-        if placement.get("share"):
-            where = f"{where} {placement['share']}"
-        print(f"{s['model'][:27]:<28}{s['state']:<11}{est.get('mb', '-'):>8} "
-              f"{est.get('rung', '-'):<14}{s['pid'] or '-':>8}{s['active_requests']:>7}  {where}")
-    print(f"\nqueue depth: {data['queue']['depth']}   leases: {len(data['leases'])}")
+    print(render_ps(data, time.time()))
     return 0
 
 

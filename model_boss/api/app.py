@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from ..coordinator import Coordinator
 from ..settings import Settings, load_settings
-from . import admin, cluster, dashboard, images, jobs, leases, llamacpp, openai
+from . import admin, cluster, dashboard, images, jobs, leases, llamacpp, ollama, openai
 from .errors import install_error_handlers
 from .limits import BodyLimit
 from .middleware import AuthAndMetrics, InternalErrors
@@ -35,10 +35,12 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
-    # the last added runs first: errors → keys and metrics → body limits → routes
+    # the last added runs first: Ollama's envelope → errors → keys and metrics → body limits
+    # → routes
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
-    for module in (openai, llamacpp, admin, images, jobs, leases, cluster, dashboard):
+    app.add_middleware(ollama.OllamaErrors)
+    for module in (openai, llamacpp, ollama, admin, images, jobs, leases, cluster, dashboard):
         app.include_router(module.router)
     return app

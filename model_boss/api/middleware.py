@@ -15,6 +15,7 @@ from ..cluster import FORWARDED_HEADER, forward_refusal
 from ..coordinator import Coordinator
 from ..settings import Settings
 from .errors import envelope, internal_error
+from .ollama import DATA_PATHS, is_ollama_path
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class InternalErrors:
 
 
 class AuthAndMetrics:
-    """API keys (``admin_api_key`` for ``/api/``), and metrics for ``POST /v1/...``."""
+    """API keys (``admin_api_key`` for ``/api/``, Ollama's routes aside), and metrics for
+    ``POST /v1/...`` and Ollama's chat, generate and embeddings."""
 
     def __init__(self, app: ASGIApp, coordinator: Coordinator) -> None:
         self.app = app
@@ -75,7 +77,7 @@ class AuthAndMetrics:
                 await denied(scope, receive, send)
                 return
         path = scope["path"]
-        if not (path.startswith("/v1/") and scope["method"] == "POST"):
+        if not ((path.startswith("/v1/") or path in DATA_PATHS) and scope["method"] == "POST"):
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
@@ -101,8 +103,8 @@ class AuthAndMetrics:
 def _check_key(path: str, headers: Headers, settings: Settings) -> Response | None:
     if path in OPEN_PATHS or path == "/ui" or path.startswith(OPEN_PREFIXES):
         return None
-    wanted = settings.admin_api_key if path.startswith("/api/") and settings.admin_api_key \
-        else settings.api_key
+    admin = path.startswith("/api/") and not is_ollama_path(path)
+    wanted = settings.admin_api_key if admin and settings.admin_api_key else settings.api_key
     if not wanted:
         return None
     header = headers.get("authorization", "")

@@ -35,6 +35,8 @@ class GGUFInfo:
     context_length: int
     total_bytes: int
     block_bytes: tuple[int, ...]
+    parameter_count: int = 0
+    file_type: int | None = None  # general.file_type: llama.cpp's LlamaFileType
 
     @property
     def other_bytes(self) -> int:
@@ -110,7 +112,7 @@ def _read(path: str, _mtime: float) -> GGUFInfo:
         arch = meta.get("general.architecture", "llama")
         blocks = int(meta.get(f"{arch}.block_count", 0))
         per_block = [0] * blocks
-        total = 0
+        total = params = 0
         for _ in range(tensors):
             name = header.string()
             dims = [header.unpack("<Q") for _ in range(header.unpack("<I"))]
@@ -121,6 +123,7 @@ def _read(path: str, _mtime: float) -> GGUFInfo:
                 count *= dim
             size = count * type_size // block
             total += size
+            params += count
             parts = name.split(".")
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < blocks:
                 per_block[int(parts[1])] += size
@@ -134,7 +137,8 @@ def _read(path: str, _mtime: float) -> GGUFInfo:
         head_dim=int(meta.get(f"{arch}.attention.key_length", 0) or (emb // heads)),
         vocab_size=int(meta.get("tokenizer.ggml.tokens", 32000)),
         context_length=int(meta.get(f"{arch}.context_length", 0) or 0),
-        total_bytes=total, block_bytes=tuple(per_block))
+        total_bytes=total, block_bytes=tuple(per_block), parameter_count=params,
+        file_type=meta.get("general.file_type"))
 
 
 def read_gguf_info(path: Path) -> GGUFInfo | None:

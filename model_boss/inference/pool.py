@@ -18,6 +18,7 @@ from ..gpu.estimate import VramEstimate, estimate_vram
 from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
 from ..gpu.placement import LayerCosts, Placement
+from ..gpu.processor import ProcessorSplit, processor_split
 from ..settings import Settings
 from . import planner
 from .backend import InferenceBackend
@@ -113,6 +114,29 @@ class ModelPool:
             return None
         per_layer, fixed = layer_costs_mb(info, manifest.ctx_size)
         return LayerCosts(per_layer, fixed, info.block_count, manifest.min_gpu_layers)
+
+    def processor(self, slot: ModelSlot) -> ProcessorSplit:
+        """Where the slot's model runs now: its lease, its worker's GPU layers out of the
+        model's, and whether its GPUs are declared ones (``ollama ps``'s PROCESSOR)."""
+        entry, lease = slot.entry, slot.lease
+        allocations = lease.allocations if lease else {}
+        layers_of = getattr(slot.backend, "gpu_layers", None)
+        gpu_layers = layers_of(slot.placement) if callable(layers_of) else None
+        total = slot.placement.total_layers if slot.placement else None
+        if total is None and gpu_layers is not None and entry.path is not None:
+            info = read_gguf_info(entry.path)
+            total = info.block_count if info else None
+        sources = {g.index: g.source for g in self.boss.gpus}
+        size = max(self.footprint_mb(slot), slot.ram_reserved_mb)
+        if slot.placement is not None and slot.placement.gpu_layers is not None \
+                and slot.estimate is not None:  # partly offloaded: the whole model's need
+            size = max(size, slot.estimate.mb)
+        return processor_split(
+            tier=slot.tier, size_mb=size,
+            leased_mb=sum(allocations.values()), gpu_layers=gpu_layers, total_layers=total,
+            declared=bool(allocations) and all(sources.get(i) == "declared"
+                                               for i in allocations),
+            remote=entry.manifest.backend == BackendKind.CLOUD)
 
     def is_loading(self, model_id: str) -> bool:
         owner = self.owners.get(model_id)
@@ -370,6 +394,8 @@ class ModelPool:
                 with contextlib.suppress(Exception):
                     data["vram_estimate"] = self.estimate(slot.entry).to_dict()
             data["learned"] = asdict(self.learned.get(slot.model_id))
+            with contextlib.suppress(Exception):  # a status read never fails on a bad file
+                data["processor"] = self.processor(slot).to_dict()
             result.append(data)
         return result
 

@@ -50,6 +50,9 @@ CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
 CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
+# not a worker route: the model is made READY through the queue (priority, budget, keep-alive
+# as any request), nothing is sent to it (Ollama's load with an empty prompt)
+LOAD_ONLY = "load"
 
 Dispatched = Callable[[SlotTicket], None]
 
@@ -196,6 +199,9 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
     _think(body, queued.endpoint, ext.thinking if ext.thinking is not None
            else manifest.thinking)
     backend = ticket.slot.backend
+    if queued.endpoint == LOAD_ONLY:
+        ticket.release(ok=True)
+        return Served(200, headers, "application/json", body=b"{}")
     try:
         if backend is None:
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")

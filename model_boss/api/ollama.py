@@ -1,0 +1,153 @@
+"""Ollama's API on the same port, so Ollama clients work unchanged: parse, hand to
+:mod:`model_boss.services.ollama`, answer. Errors on these routes leave in Ollama's envelope
+(:class:`OllamaErrors`); the API key is the user key (``api_key``), not the admin one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import BadRequest
+from ..services import ollama as service
+from ..services.ollama_models import ps, show, tags
+from ..services.ollama_schemas import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+)
+from .context import coordinator_of, disconnect_watch, to_response
+
+router = APIRouter(tags=["ollama"])
+DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
+OLLAMA_PATHS = DATA_PATHS | {"/api/version", "/api/tags", "/api/ps", "/api/show",
+                             *service.MANIFEST_ONLY}
+
+
+def is_ollama_path(path: str) -> bool:
+    return path in OLLAMA_PATHS or path.startswith("/api/blobs/")
+
+
+@router.get("/api/version")
+async def version() -> dict[str, Any]:
+    return {"version": service.OLLAMA_VERSION}
+
+
+@router.get("/api/tags")
+async def list_tags(request: Request) -> dict[str, Any]:
+    """Every manifest (its aliases answer too)."""
+    return tags(coordinator_of(request))
+
+
+@router.get("/api/ps")
+async def list_loaded(request: Request) -> dict[str, Any]:
+    """Models with a worker: size, VRAM leased, keep-alive deadline, processor split."""
+    return ps(coordinator_of(request))
+
+
+@router.post("/api/show")
+async def show_model(request: Request, body: OllamaShowRequest) -> dict[str, Any]:
+    coord = coordinator_of(request)
+    if not body.wanted:
+        raise BadRequest("model: Field required", param="model", code="missing_field")
+    _, entries = service.resolve(coord, body.wanted)
+    return show(entries[0])
+
+
+@router.post("/api/chat")
+async def chat(request: Request, body: OllamaChatRequest) -> Response:
+    async with disconnect_watch(request) as gone:
+        served = await service.chat(coordinator_of(request), body, request.headers, gone)
+    return to_response(served)
+
+
+@router.post("/api/generate")
+async def generate(request: Request, body: OllamaGenerateRequest) -> Response:
+    async with disconnect_watch(request) as gone:
+        served = await service.generate(coordinator_of(request), body, request.headers, gone)
+    return to_response(served)
+
+
+@router.post("/api/embed")
+async def embed(request: Request, body: OllamaEmbedRequest) -> dict[str, Any]:
+    async with disconnect_watch(request) as gone:
+        return await service.embed(coordinator_of(request), body, request.headers, gone)
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request, body: OllamaEmbeddingsRequest) -> dict[str, Any]:
+    async with disconnect_watch(request) as gone:
+        return await service.embed(coordinator_of(request), body, request.headers, gone)
+
+
+@router.api_route("/api/pull", methods=["POST"])
+@router.api_route("/api/push", methods=["POST"])
+@router.api_route("/api/create", methods=["POST"])
+@router.api_route("/api/copy", methods=["POST"])
+@router.api_route("/api/delete", methods=["DELETE", "POST"])
+@router.api_route("/api/blobs/{digest}", methods=["HEAD", "POST"], include_in_schema=False)
+async def manifest_only(request: Request) -> Response:
+    """Models are not pulled, pushed, created, copied or deleted here: they are manifests."""
+    route = "/api/blobs" if request.url.path.startswith("/api/blobs/") else request.url.path
+    raise service.refused(route)
+
+
+class OllamaErrors:
+    """On Ollama's routes, every error answer (ours, a validation failure, a missing key, a
+    body over the limit) in Ollama's envelope ``{"error": "message"}``, status and headers
+    (``Retry-After``) kept. A body is JSON whatever its content type says, as Ollama reads
+    it (``curl -d`` sends a form type). Other routes pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_ollama_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = MutableHeaders(scope=scope)
+        headers["content-type"] = "application/json"  # updates scope["headers"]
+        start: Message | None = None
+        parts: list[bytes] = []
+
+        async def rewrite(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message  # held until the body is whole
+                return
+            if start is None:
+                await send(message)
+                return
+            parts.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = ollama_error_body(b"".join(parts))
+            headers = MutableHeaders(raw=list(start["headers"]))
+            headers["content-length"] = str(len(body))
+            headers["content-type"] = "application/json"
+            await send({**start, "headers": headers.raw})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, rewrite)
+
+
+def ollama_error_body(raw: bytes) -> bytes:
+    """``{"error": {"message": ...}}`` (or any error body) as ``{"error": "..."}``."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message")
+    elif isinstance(error, str):
+        message = error
+    else:
+        message = raw.decode(errors="replace").strip()
+    return orjson.dumps({"error": str(message or "request failed")})
