@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from model_boss.cli import main as cli_main
 from model_boss.gpu.redis_store import RedisLeaseStore
 from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
 
@@ -147,6 +148,15 @@ def test_a_forward_without_the_secret_is_refused(members):
                     headers={"x-model-boss-forwarded": "b",
                              "x-model-boss-cluster-secret": SECRET})
     assert ok.status_code == 200
+
+
+def test_ps_cluster_shows_every_member_and_model(members, capsys):
+    assert cli_main(["--url", members["b"].url, "ps", "--cluster"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert {line.split()[0] for line in lines[1:4]} == {"a", "b", "c"}
+    rows = {tuple(line.split()[:4]) for line in lines}
+    assert {("m1", "c", "ready", "gpu"), ("m2", "b", "ready", "gpu"),
+            ("m3", "a", "ready", "gpu")} <= rows
 
 
 def test_redis_restart_members_reregister_within_a_heartbeat(members, redis_server):
