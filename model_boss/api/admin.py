@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..inference import SlotState
+from ..inference.waiting import waiting_list
 from ..runtime_config import RuntimeValues
 from .context import coordinator_of
 
@@ -28,6 +29,12 @@ async def health(request: Request) -> dict[str, Any]:
 @router.get("/api/v1/status")
 async def status(request: Request) -> dict[str, Any]:
     return await coordinator_of(request).status()
+
+
+@router.get("/api/v1/queue")
+async def queue(request: Request) -> dict[str, Any]:
+    """The waiting requests in the order they will be served (position 1 = next)."""
+    return {"waiting": waiting_list(coordinator_of(request).queue)}
 
 
 @router.get("/api/v1/models")

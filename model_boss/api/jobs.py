@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ..inference.waiting import queue_place
 from ..services import ENDPOINT_BODIES, parse, pop_extensions
 from .context import coordinator_of
 
@@ -48,7 +49,9 @@ async def list_jobs(request: Request,
 
 @router.get("/api/v1/jobs/{job_id}")
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
-    return (await coordinator_of(request).jobs.get(job_id)).public()
+    """The job; while it waits, its ``queue_position`` (1 = next) and ``estimated_start``."""
+    coord = coordinator_of(request)
+    return {**(await coord.jobs.get(job_id)).public(), **queue_place(coord.queue, job_id)}
 
 
 @router.delete("/api/v1/jobs/{job_id}")

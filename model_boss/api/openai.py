@@ -17,7 +17,7 @@ from ..services import (
     ResponsesRequest,
     SpeechRequest,
     pop_extensions,
-    serve,
+    serve_streaming,
 )
 from ..services.redact import redact
 from ..services.schemas import OpenAIRequest
@@ -51,7 +51,8 @@ async def serve_body(request: Request, endpoint: str, body: OpenAIRequest) -> Re
     data = body.model_dump(exclude_unset=True)
     ext = pop_extensions(data, request.headers)
     async with disconnect_watch(request) as gone:
-        served = await serve(coordinator_of(request), endpoint, data, ext, disconnected=gone)
+        served = await serve_streaming(coordinator_of(request), endpoint, data, ext,
+                                       disconnected=gone)
     return to_response(served)
 
 

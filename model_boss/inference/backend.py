@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import time
@@ -24,6 +25,8 @@ _JSON = {"content-type": "application/json"}
 # how often a starting worker is asked whether it is up: a loopback call costs about a
 # millisecond, and every interval adds half itself to a cold start on average
 _STARTUP_POLL_S = 0.02
+log = logging.getLogger(__name__)
+ProgressCallback = Callable[[str, "float | None"], None]
 
 
 @dataclass(slots=True)
@@ -45,6 +48,7 @@ class InferenceBackend(Protocol):
     needs_vram: bool
     can_offload: bool
     on_exit: Callable[[int], None] | None
+    on_progress: ProgressCallback | None  # (stage, fraction) while starting, where known
 
     @property
     def pid(self) -> int | None: ...
@@ -76,12 +80,17 @@ class HttpWorkerBackend:
     Subclasses say how to build the command line (:meth:`argv`) and where health lives.
     A worker that names ``secret_env`` is started with a fresh random secret in that variable
     (never in argv, which ``ps`` shows) and every call to it carries ``Authorization: Bearer``.
+
+    While it starts, ``on_progress(stage, fraction)`` hears where it is: "loading" once it
+    answers but is not healthy yet (:meth:`loading_stage` reads what the answer says), and the
+    stages its output lines name (``log_stages``).
     """
 
     needs_vram = True
     can_offload = False
     health_path = "/health"
     secret_env: str | None = None  # the variable the worker reads its API key from
+    log_stages: tuple[tuple[str, str], ...] = ()  # (text in an output line, stage it marks)
 
     def __init__(self, entry: CatalogEntry, settings: Settings) -> None:
         self.entry = entry
@@ -90,6 +99,7 @@ class HttpWorkerBackend:
         self.port: int | None = None
         self.process: WorkerProcess | None = None
         self.on_exit: Callable[[int], None] | None = None
+        self.on_progress: ProgressCallback | None = None
         self._client: httpx.AsyncClient | None = None
         self._upstream: UpstreamClient | None = None
         self.secret: str | None = None
@@ -132,6 +142,7 @@ class HttpWorkerBackend:
             pid_dir=state / "workers", log_file=state / "logs" / f"{_safe(self.manifest.id)}.log",
         )
         self.process.on_exit = self._exited
+        self.process.on_line = self._saw_line if self.log_stages else None
         self._client = httpx.AsyncClient(  # control calls: health, offload, reports
             base_url=f"http://127.0.0.1:{port}", headers=self._auth(),
             timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
@@ -147,6 +158,25 @@ class HttpWorkerBackend:
         except BaseException:
             await self.stop()
             raise
+        finally:
+            if self.process is not None:
+                self.process.on_line = None
+
+    def _report(self, stage: str, fraction: float | None = None) -> None:
+        if self.on_progress is not None:
+            try:
+                self.on_progress(stage, fraction)
+            except Exception as exc:  # progress is news, never a reason to fail a load
+                log.debug("progress report of %s failed: %s", self.manifest.id, exc)
+
+    def _saw_line(self, line: str) -> None:
+        for text, stage in self.log_stages:
+            if text in line:
+                self._report(stage)
+
+    def loading_stage(self, response: httpx.Response) -> tuple[str, float | None]:
+        """What a health answer that is not 200 yet says: the worker is up and loading."""
+        return "loading", None
 
     def _exited(self, code: int) -> None:
         if self.on_exit:
@@ -161,7 +191,7 @@ class HttpWorkerBackend:
                 raise LoadFailed(
                     f"worker for '{self.manifest.id}' exited with {self.process.returncode} "
                     f"while loading: {self._tail_text()}")
-            if await self.health_check():
+            if await self._probe_starting():
                 return
             await asyncio.sleep(_STARTUP_POLL_S)
         raise LoadFailed(f"worker for '{self.manifest.id}' did not become healthy within "
@@ -170,6 +200,21 @@ class HttpWorkerBackend:
     def _tail_text(self, lines: int = 5) -> str:
         tail = [line for line in (self.process.tail() if self.process else []) if line.strip()]
         return " | ".join(tail[-lines:]) or "(no output)"
+
+    async def _probe_starting(self) -> bool:
+        """One health probe while starting: True once healthy; an answer that is not 200
+        yet tells how far the load is."""
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get(self.health_path, timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        if response.status_code == 200:
+            return True
+        if response.status_code == 503:
+            self._report(*self.loading_stage(response))
+        return False
 
     async def health_check(self) -> bool:
         if self._client is None:

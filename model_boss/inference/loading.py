@@ -7,6 +7,7 @@ slot's and the worker still alive. A failure stops whatever was started and rele
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from ..gpu.lease import Lease
 from ..gpu.placement import Placement
 from .backend import InferenceBackend
 from .process import free_port
+from .progress import LoadProgress
 from .slot import SlotState
 
 if TYPE_CHECKING:
@@ -24,21 +26,36 @@ S = SlotState
 
 
 class SlotLoad:
-    """Makes ``owner``'s slot READY for a request of ``priority``; only its owner runs it."""
+    """Makes ``owner``'s slot READY for a request of ``priority``; only its owner runs it.
+
+    Its stages go out as ``load_progress`` events. Its owner may cancel it (nobody waits for
+    it any more) while ``cancellable``: during room-making and a cold start, never once it is
+    cleaning up after a failure, nor during an onload (a second or so)."""
 
     def __init__(self, owner: SlotOwner, priority: int) -> None:
         self.owner = owner
         self.priority = priority
+        self.progress = LoadProgress(owner.pool.events, owner.model_id)
+        self.cancellable = True
+        self.cancel_reason: str | None = None
 
     async def run(self) -> None:
         s, priority = self.owner.slot, self.priority
-        entry = self.owner.pool.catalog.get_available(self.owner.model_id)
-        s.estimate = self.owner.pool.estimate(entry)
-        lease, placement = await self.owner.pool.make_room(self.owner, priority)
-        if s.state == S.OFFLOADED:  # the worker may have died meanwhile: then a cold load
-            await self._onload(lease, placement, priority)
-        else:
-            await self._cold_start(lease, placement, priority)
+        try:
+            self.progress.report("leasing")
+            entry = self.owner.pool.catalog.get_available(self.owner.model_id)
+            s.estimate = self.owner.pool.estimate(entry)
+            lease, placement = await self.owner.pool.make_room(self.owner, priority)
+            if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
+                await self._onload(lease, placement, priority)
+            else:
+                await self._cold_start(lease, placement, priority)
+        except BaseException as exc:
+            self.cancellable = False
+            self.progress.report("failed", error=self.cancel_reason or str(exc)
+                                 or type(exc).__name__)
+            raise
+        self.progress.report("ready")
 
     async def _cold_start(self, lease: Lease | None, placement: Placement | None,
                           priority: int) -> None:
@@ -54,7 +71,10 @@ class SlotLoad:
         try:
             backend = self.owner.pool.backend_factory(s.entry, self.owner.pool.settings)
             backend.on_exit = lambda code, b=backend: self.owner.worker_exited(b, code)
+            # the worker tells its stages (and a fraction where it can) while it starts
+            backend.on_progress = self.progress.report
             s.backend, s.port = backend, free_port()
+            self.progress.report("starting")
             await backend.start(s.port, placement)
             self._check_still_mine(lease, backend)
         except BaseException as exc:
@@ -62,6 +82,7 @@ class SlotLoad:
             if isinstance(exc, ModelBossError) or not isinstance(exc, Exception):
                 raise
             raise LoadFailed(f"loading '{self.owner.model_id}' failed: {exc}") from exc
+        self.cancellable = False  # loaded: nothing is left to cancel
         s.last_load_s = round(time.monotonic() - started, 3)
         self.owner.pool.learned.observe_load(self.owner.model_id, s.last_load_s)
         s.loads += 1
@@ -81,6 +102,8 @@ class SlotLoad:
         assert backend is not None
         s.lease, s.placement = lease, placement
         s.transition(S.LOADING, "onload from CPU RAM")
+        self.cancellable = False
+        self.progress.report("loading", tier="cpu")
         started = time.monotonic()
         try:
             report = await backend.onload()
@@ -106,10 +129,14 @@ class SlotLoad:
 
     async def _abandon_load(self, backend: InferenceBackend | None, lease: Lease | None,
                             exc: BaseException) -> None:
-        """A load failed: stop its worker (if any), release its lease, back to IDLE."""
+        """A load failed (or was cancelled): stop its worker (if any), release its lease,
+        back to IDLE."""
+        self.cancellable = False  # from here on a cancel would leave a worker or a lease
         s = self.owner.slot
-        s.last_error = str(exc) or type(exc).__name__
+        cancelled = isinstance(exc, asyncio.CancelledError) and self.cancel_reason is not None
+        reason = self.cancel_reason if cancelled else "load failed"
+        s.last_error = reason if cancelled else (str(exc) or type(exc).__name__)
         if s.state == S.LOADING:
-            s.transition(S.STOPPING, "load failed")
+            s.transition(S.STOPPING, reason)
         s.backend, s.lease = backend, lease  # whatever the load had, _stop takes it all back
-        await self.owner._stop("load failed", event="load_failed")
+        await self.owner._stop(reason, event="load_cancelled" if cancelled else "load_failed")

@@ -7,6 +7,11 @@ one *operation* task at a time per slot; a second caller joins (load) or waits f
 that blocks new grants (DRAINING, OFFLOADING, STOPPING) is set before the first ``await`` of
 every operation. A crash, a lost lease or a dead process found at grant time take the slot out
 of READY synchronously, before any later grant.
+
+Waiters: every request queued for the model and every :meth:`ensure_ready` caller (an admin
+load, a preload) counts as one. When the last one gives up (a client that went away, a
+cancelled job) while a cold load is still cancellable, the owner cancels that load: its worker
+is stopped, its lease released, the slot back to IDLE. A load someone still waits for goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ..errors import CapacityExceeded, LoadFailed, ModelBossError
 from ..gpu.lease import Lease
 from .backend import InferenceBackend
 from .loading import SlotLoad
+from .progress import LoadProgress
 from .slot import WITH_WORKER, ModelSlot, SlotState
 
 if TYPE_CHECKING:
@@ -49,6 +55,8 @@ class SlotOwner:
         self._drained = asyncio.Event()
         self._drained.set()
         self._health_failures = 0
+        self._load: SlotLoad | None = None
+        self._waiters = 0
 
     @property
     def model_id(self) -> str:
@@ -62,6 +70,31 @@ class SlotOwner:
     @property
     def loading(self) -> bool:
         return self.busy and self._op_kind == "load"
+
+    @property
+    def progress(self) -> LoadProgress | None:
+        """The load in flight's progress; None when no load runs."""
+        return self._load.progress if self.loading and self._load is not None else None
+
+    @property
+    def waiters(self) -> int:
+        return self._waiters
+
+    def wait_begins(self) -> None:
+        """One more request (or ensure_ready caller) waits for this slot."""
+        self._waiters += 1
+
+    def wait_ends(self, gave_up: bool) -> None:
+        """A waiter is done waiting; ``gave_up``: it went away before it was served. The
+        last one to give up cancels a cold load nobody else wants."""
+        self._waiters = max(0, self._waiters - 1)
+        load = self._load
+        if not gave_up or self._waiters or not self.loading or load is None \
+                or not load.cancellable:
+            return
+        load.cancel_reason = "load cancelled: no request waits for it any more"
+        assert self._op is not None
+        self._op.cancel()
 
     # -- requests -------------------------------------------------------------------------
 
@@ -103,6 +136,17 @@ class SlotOwner:
     async def ensure_ready(self, priority: int) -> ModelSlot:
         """The slot READY: joins a load in flight, never starts a second one; waits out an
         offload or stop in flight, then loads (an OFFLOADED slot is onloaded)."""
+        self.wait_begins()
+        gave_up = False
+        try:
+            return await self._ready(priority)
+        except asyncio.CancelledError:
+            gave_up = True
+            raise
+        finally:
+            self.wait_ends(gave_up)
+
+    async def _ready(self, priority: int) -> ModelSlot:
         loads = 0
         while True:
             s = self.slot
@@ -132,7 +176,8 @@ class SlotOwner:
             return self._op if self._op_kind == "load" else None
         if self.slot.state not in (S.IDLE, S.OFFLOADED):
             return None
-        return self._begin("load", SlotLoad(self, priority).run())
+        self._load = SlotLoad(self, priority)
+        return self._begin("load", self._load.run())
 
     async def evict(self, reason: str) -> str | None:
         """Free this slot's VRAM for another model, if it is idle right now: park it in CPU RAM

@@ -196,9 +196,8 @@ class ModelPool:
                     if decision.placement is None:
                         return None, None
                     try:
-                        lease = await self.boss.acquire(
-                            kind="inference", allocations=decision.placement.allocations,
-                            priority=priority, note=owner.model_id)
+                        lease = await self._acquire(decision.placement, priority,
+                                                    owner.model_id)
                     except LeaseUnavailable:  # taken between the read and the acquire
                         await asyncio.sleep(0.05)
                         continue
@@ -267,6 +266,22 @@ class ModelPool:
                          " re-planning anyway", limit)
                 return
             await asyncio.sleep(RECLAIM_POLL_S)
+
+    async def _acquire(self, placement: Placement, priority: int, model_id: str) -> Lease:
+        """Take the lease; a load cancelled while the store answers gives the lease back
+        once it arrives, so a cancelled load never leaves one behind."""
+        taking = asyncio.ensure_future(self.boss.acquire(
+            kind="inference", allocations=placement.allocations, priority=priority,
+            note=model_id))
+        try:
+            return await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            taking.add_done_callback(lambda t: self._give_back(t, model_id))
+            raise
+
+    def _give_back(self, taking: asyncio.Future, model_id: str) -> None:
+        if not taking.cancelled() and taking.exception() is None:
+            self.spawn(self.release_lease(taking.result(), model_id))
 
     # -- asking the owners ----------------------------------------------------------------
 
@@ -390,6 +405,9 @@ class ModelPool:
             slot = owner.slot
             data = slot.to_dict()
             data["operation"] = owner._op_kind if owner.busy else None
+            progress = owner.progress
+            data["load_progress"] = progress.snapshot() if progress else None
+            data["waiters"] = owner.waiters
             if slot.estimate is None:
                 with contextlib.suppress(Exception):
                     data["vram_estimate"] = self.estimate(slot.entry).to_dict()

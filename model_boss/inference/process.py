@@ -59,6 +59,7 @@ class WorkerProcess:
         self.pid_dir = pid_dir
         self.log_file = log_file
         self._tail: deque[str] = deque(maxlen=tail_lines)
+        self.on_line: Callable[[str], None] | None = None  # each output line, as it comes
         self._proc: asyncio.subprocess.Process | None = None
         self._started_at = 0.0  # the leader's create_time: the group's lower age bound
         self._reader: asyncio.Task | None = None
@@ -121,6 +122,8 @@ class WorkerProcess:
             async for raw in self._proc.stdout:
                 line = raw.decode(errors="replace").rstrip()
                 self._tail.append(line)
+                if self.on_line is not None:
+                    self.on_line(line)
                 if sink:
                     sink.write(line + "\n")
         except Exception as exc:  # output reading must never take the coordinator down

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ class QueuedRequest:
     share: float = 1.0  # fair-share weight among clients of equal priority
     submitted_at: float = field(default_factory=time.time)
     deadline: float = 0.0
+    request_id: str = field(default_factory=lambda: "req-" + uuid.uuid4().hex[:16])
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
@@ -139,10 +141,16 @@ class InferenceQueue:
             if owner is not None and self._has_room(request, owner) \
                     and self._grant(request, owner):
                 return request.future.result()
+        waiting_on: SlotOwner | None = None  # it is one waiter of its model's load
+        with contextlib.suppress(ModelBossError):  # an unknown model fails in dispatch
+            waiting_on = self.pool.owner(request.model_id)
+            waiting_on.wait_begins()
+        gave_up = False
         self.wake()
         try:
             return await request.future
         except asyncio.CancelledError:
+            gave_up = True
             if request.future.done() and not request.future.cancelled():
                 with contextlib.suppress(BaseException):
                     request.future.result().release(ok=False, client_fault=True)
@@ -154,6 +162,8 @@ class InferenceQueue:
                 self._pending.remove(request)
                 self.requestors.dequeued(request.client_id)
                 self.wake()
+            if waiting_on is not None:  # the last to give up cancels a load nobody wants
+                waiting_on.wait_ends(gave_up)
 
     def predict(self, request: QueuedRequest) -> Prediction:
         """Expected wait + load + inference for ``request`` if it were queued now."""

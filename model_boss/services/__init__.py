@@ -5,6 +5,7 @@ from .cancel import ClientDisconnected, unless_disconnected
 from .extensions import Extensions, pop_extensions
 from .images import FILES_PATH, IMAGES, generate_images
 from .jobs import job_runner, run_job
+from .load_wait import serve_streaming
 from .schemas import (
     ENDPOINT_BODIES,
     ChatRequest,
@@ -39,5 +40,6 @@ __all__ = [
     "pop_extensions",
     "run_job",
     "serve",
+    "serve_streaming",
     "unless_disconnected",
 ]

@@ -59,6 +59,7 @@ class Extensions:
     thinking: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     forwarded: bool = False  # sent on by a cluster member (secret checked): served here
+    request_id: str | None = None  # the queue's id for it (a job's id); set here, not by clients
 
 
 def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:

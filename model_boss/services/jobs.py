@@ -19,6 +19,7 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched) -> Serv
     body = dict(job.body)
     ext = pop_extensions(body, {})
     ext.client_id = ext.client_id or job.client_id
+    ext.request_id = job.id  # its place in the queue is found by the job's id
     if job.endpoint == IMAGES:
         request = parse(ImageRequest, {**body, **ext.extra})
         return await generate_images(coord, request, ext, coord.base_url,

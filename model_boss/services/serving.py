@@ -127,6 +127,8 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
             share=_share(profile, task))
+        if ext.request_id:  # a job, or a stream that follows its place in the queue
+            queued.request_id = ext.request_id
         try:
             return await _serve_on(coord, queued, dict(body, model=model_id), ext,
                                    disconnected, on_dispatch)

@@ -7,7 +7,7 @@ import os
 
 from .app import create_app
 from .generation import Generator
-from .loader import load_pipeline
+from .loader import LoadedPipeline, load_pipeline
 from .options import parse_args
 from .pipeline import PipelineHolder
 from .process import die_with_parent, serve
@@ -21,8 +21,10 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent(options.parent_pid)
     holder = PipelineHolder(options)
     generator = Generator(holder)
-    serve(lambda stop: create_app(holder, generator, lambda: load_pipeline(options), stop,
-                                  api_key=options.api_key),
+    def load() -> LoadedPipeline:
+        return load_pipeline(options, holder.load_progress)
+
+    serve(lambda stop: create_app(holder, generator, load, stop, api_key=options.api_key),
           options.host, options.port, on_exit=generator.cancel)
 
 

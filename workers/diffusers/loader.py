@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +34,51 @@ class LoadedPipeline:
     notes: tuple[str, ...] = ()
 
 
-def load_pipeline(opts: WorkerOptions) -> LoadedPipeline:
-    """``from_pretrained`` (local files only), then place the weights per ``opts.offload``."""
+class LoadProgress:
+    """How far :func:`load_pipeline` is, for ``GET /health`` while loading: the pipeline's
+    components loaded so far out of all of them, counted off diffusers' own loading loop."""
+
+    def __init__(self) -> None:
+        self.components = 0  # 0 until diffusers knows how many
+        self.loaded = 0
+        self.placing = False  # from_pretrained done; weights moving to the device
+
+    def to_dict(self) -> dict[str, Any]:
+        fraction = self.loaded / self.components if self.components else None
+        return {"stage": "loading", "fraction": fraction, "components": self.components,
+                "components_loaded": self.loaded, "placing_weights": self.placing}
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        """While loading, diffusers' "Loading pipeline components" loop (its tqdm call) is
+        counted here; every other progress bar is left as it is."""
+        from diffusers.utils import logging as diffusers_logging
+
+        original = diffusers_logging.tqdm
+
+        def counted(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if iterable is None or not str(kwargs.get("desc", "")).startswith(
+                    "Loading pipeline components"):
+                return original(iterable, *args, **kwargs)
+            return self._count(list(iterable))
+
+        diffusers_logging.tqdm = counted
+        try:
+            yield
+        finally:
+            diffusers_logging.tqdm = original
+
+    def _count(self, items: list[Any]) -> Iterator[Any]:
+        self.components = len(items)
+        for done, item in enumerate(items):
+            self.loaded = done
+            yield item  # the loop body loads this component
+        self.loaded = len(items)
+
+
+def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> LoadedPipeline:
+    """``from_pretrained`` (local files only), then place the weights per ``opts.offload``;
+    ``progress`` follows the components as they load."""
     import torch
     from diffusers import DiffusionPipeline
 
@@ -54,7 +99,10 @@ def load_pipeline(opts: WorkerOptions) -> LoadedPipeline:
         if opts.max_memory:
             kwargs["max_memory"] = opts.max_memory
     started = time.monotonic()
-    pipe = DiffusionPipeline.from_pretrained(opts.model, **kwargs)
+    progress = progress if progress is not None else LoadProgress()
+    with progress.counting():
+        pipe = DiffusionPipeline.from_pretrained(opts.model, **kwargs)
+    progress.placing = True
     pipe.set_progress_bar_config(disable=True)
     footprint_mb = pipeline_footprint_mb(pipe)
     hooks = place_weights(pipe, device, offload, notes)

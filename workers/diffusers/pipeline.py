@@ -29,7 +29,7 @@ from .errors import (
     PipelineOffloaded,
     WorkerError,
 )
-from .loader import LoadedPipeline
+from .loader import LoadedPipeline, LoadProgress
 from .memory import Offload, cuda_report, release_cuda_cache, rss_mb
 from .options import WorkerOptions
 from .tickets import Ticket, TicketBook
@@ -84,6 +84,7 @@ class PipelineHolder:
         self.tickets = tickets if tickets is not None else TicketBook()
         self.weights_lock = threading.Lock()
         self.loaded: LoadedPipeline | None = None
+        self.load_progress = LoadProgress()
         self.error: str | None = None
         self.history: deque[tuple[float, str, str]] = deque(maxlen=20)
         self._state = P.LOADING
@@ -263,6 +264,7 @@ class PipelineHolder:
                 "memory": self.memory(), "generating": len(self.tickets) > 0,
                 "request_ids": self.tickets.open_ids(),
                 "notes": list(loaded.notes) if loaded else [], "pid": os.getpid(),
+                "load": self.load_progress.to_dict() if state is P.LOADING else None,
                 "transitions": [t for _, t, _ in self.history]}
 
 

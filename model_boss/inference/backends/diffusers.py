@@ -53,6 +53,15 @@ class DiffusersBackend(HttpWorkerBackend):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         return env
 
+    def loading_stage(self, response: httpx.Response) -> tuple[str, float | None]:
+        """The worker's ``/health`` while loading says how many pipeline components are in."""
+        try:
+            load = response.json().get("load") or {}
+        except (ValueError, AttributeError):
+            load = {}
+        fraction = load.get("fraction")
+        return "loading", float(fraction) if isinstance(fraction, int | float) else None
+
     async def handle_request(self, endpoint: str, body: dict[str, Any],
                              stream: bool) -> UpstreamResponse:
         if endpoint != IMAGES_ENDPOINT:

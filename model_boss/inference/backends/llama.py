@@ -77,6 +77,11 @@ class LlamaCppServerBackend(LlamaServerBackend):
     ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in."""
 
     secret_env = "LLAMA_API_KEY"
+    # llama.cpp's server says when it starts on the weights and when they are in (the
+    # threadpool comes up right before its warm-up run); its /health says only "Loading
+    # model" until the end, so no fraction
+    log_stages = (("loading model", "loading"), ("llama threadpool init", "warming"),
+                  ("warming up the model", "warming"))
 
     def request_headers(self, stream: bool) -> dict[str, str]:
         # llama.cpp's server closes the connection after a stream although it answered
