@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="YAML settings file (or MODEL_BOSS_CONFIG)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    sub.add_parser("ps", help="GPUs and slots of a running daemon").add_argument(
-        "--cluster", action="store_true", help="every member of its cluster and their models")
+    ps = sub.add_parser("ps", help="GPUs and slots of a running daemon")
+    ps.add_argument("--cluster", action="store_true",
+                    help="every member of its cluster and their models")
+    ps.add_argument("--watch", action="store_true",
+                    help="redraw on every event; loads show their stage")
     sub.add_parser("status", help="the full status document as JSON")
     for name in ("load", "unload", "pin", "unpin"):
         sub.add_parser(name, help=f"{name} a model").add_argument("model")
@@ -115,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "ps" and args.watch:
+        from .ps_watch import watch
+
+        return watch(args, _url(args), _headers(), _ps)
     if args.command == "ps":
         return _ps(args)
     if args.command == "status":
