@@ -202,28 +202,25 @@ class HttpWorkerBackend:
         return " | ".join(tail[-lines:]) or "(no output)"
 
     async def _probe_starting(self) -> bool:
-        """One health probe while starting: True once healthy; an answer that is not 200
-        yet tells how far the load is."""
-        if self._client is None:
-            return False
-        try:
-            response = await self._client.get(self.health_path, timeout=2.0)
-        except httpx.HTTPError:
-            return False
-        if response.status_code == 200:
-            return True
-        if response.status_code == 503:
+        """One health probe while starting: True once healthy; a 503 tells how far the load
+        is."""
+        response = await self._health()
+        if response is not None and response.status_code == 503:
             self._report(*self.loading_stage(response))
-        return False
+        return response is not None and response.status_code == 200
+
+    async def _health(self) -> httpx.Response | None:
+        """The worker's health answer; None when it does not answer."""
+        if self._client is None:
+            return None
+        try:
+            return await self._client.get(self.health_path, timeout=2.0)
+        except httpx.HTTPError:
+            return None
 
     async def health_check(self) -> bool:
-        if self._client is None:
-            return False
-        try:
-            response = await self._client.get(self.health_path, timeout=2.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        response = await self._health()
+        return response is not None and response.status_code == 200
 
     async def stop(self) -> None:
         if self.process is not None:
