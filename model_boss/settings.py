@@ -94,6 +94,8 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(default=10.0, gt=0)  # idle READY workers are checked
     default_priority: int = Field(default=5, ge=0, le=100)
     max_queue_wait_s: float = Field(default=300.0, gt=0)
+    # a stream that has waited this long on its model's load starts with SSE comment lines
+    load_comments_after_s: float = Field(default=1.0, ge=0)
     max_queue_depth: int = Field(default=1000, ge=1)
     max_queued_per_client: int = Field(default=200, ge=1)
     aging_s: float = Field(default=2.0, ge=0)  # waiting this long = one priority level

@@ -8,7 +8,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ..coordinator import Coordinator
 from ..inference.waiting import queue_place
+from ..jobs import Job
 from ..services import ENDPOINT_BODIES, parse, pop_extensions
 from .context import coordinator_of
 
@@ -43,17 +45,24 @@ async def submit_job(request: Request, payload: JobRequest) -> JSONResponse:
 async def list_jobs(request: Request,
                     client_id: str | None = Query(default=None, max_length=200)
                     ) -> dict[str, Any]:
-    jobs = await coordinator_of(request).jobs.store.list(client_id)
-    return {"jobs": [j.public() for j in sorted(jobs, key=lambda j: j.created_at)]}
+    coord = coordinator_of(request)
+    jobs = await coord.jobs.store.list(client_id)
+    return {"jobs": [_view(coord, j) for j in sorted(jobs, key=lambda j: j.created_at)]}
 
 
 @router.get("/api/v1/jobs/{job_id}")
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """The job; while it waits, its ``queue_position`` (1 = next) and ``estimated_start``."""
     coord = coordinator_of(request)
-    return {**(await coord.jobs.get(job_id)).public(), **queue_place(coord.queue, job_id)}
+    return _view(coord, await coord.jobs.get(job_id))
 
 
 @router.delete("/api/v1/jobs/{job_id}")
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
-    return (await coordinator_of(request).jobs.cancel(job_id)).public()
+    coord = coordinator_of(request)
+    return _view(coord, await coord.jobs.cancel(job_id))
+
+
+def _view(coord: Coordinator, job: Job) -> dict[str, Any]:
+    """A job as answered: its record, and its place in this coordinator's queue."""
+    return {**job.public(), **queue_place(coord.queue, job.id)}

@@ -1,6 +1,6 @@
 """A streaming request that waits on a model load: SSE comment lines while it waits.
 
-Until the request has waited on a load in flight for :data:`COMMIT_AFTER_S` it is an ordinary
+Until the request has waited on a load in flight for ``load_comments_after_s`` it is an ordinary
 :func:`serve`, so a bad request, a refusal or a quick load keeps its own status and headers.
 From then on the answer has begun (200, ``text/event-stream``, ``x-model-boss-model`` naming
 the model it waits on): the load's stages arrive as comment lines
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ..coordinator import Coordinator
 
 KEEPALIVE_S = 2.0
-COMMIT_AFTER_S = 1.0  # a load shorter than this answers as if there had been none
 
 
 async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any],
@@ -39,6 +38,7 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
     rid = ext.request_id
     feed = coord.events.subscribe()
     work = asyncio.ensure_future(serve(coord, endpoint, body, ext, disconnected=disconnected))
+    after_s = coord.settings.load_comments_after_s  # a shorter load is as if none
     seen: tuple[str, float] | None = None  # the model it waits on a load of, since when
     try:
         while True:
@@ -47,9 +47,9 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
                 seen = None
             elif seen is None or seen[0] != model:
                 seen = (model, time.monotonic())
-            if seen is not None and time.monotonic() - seen[1] >= COMMIT_AFTER_S:
+            if seen is not None and time.monotonic() - seen[1] >= after_s:
                 break
-            await _next_news(work, feed, COMMIT_AFTER_S if seen else KEEPALIVE_S)
+            await _next_news(work, feed, after_s if seen else KEEPALIVE_S)
             if work.done():
                 coord.events.unsubscribe(feed)
                 return work.result()

@@ -15,7 +15,6 @@ from model_boss.api.app import create_app
 from model_boss.errors import LoadFailed
 from model_boss.inference import QueuedRequest, SlotState
 from model_boss.inference.progress import FRACTION_STEP, LoadStage, advances
-from model_boss.services import load_wait
 
 from .fakes import manifest
 from .gated import GatedBackend, gated_coordinator, steps
@@ -272,7 +271,7 @@ async def test_a_waiting_job_shows_its_queue_position(tmp_path):
 
 async def test_a_stream_waiting_on_a_load_gets_comment_lines(reporting, monkeypatch):
     coord, gates, _ = reporting
-    monkeypatch.setattr(load_wait, "COMMIT_AFTER_S", 0.0)  # a load of any length counts
+    monkeypatch.setattr(coord.settings, "load_comments_after_s", 0.0)  # any load counts
     app = create_app(coordinator=coord)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
