@@ -3,13 +3,16 @@ error envelope with the right status, priorities through the queue, load and unl
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from model_boss.api.app import create_app
 from model_boss.errors import CapacityExceeded, RateLimited
+from model_boss.inference.backend import UpstreamResponse
 
-from .fakes import coordinator, manifest
+from .fakes import FakeBackend, coordinator, manifest
 
 USER = {"authorization": "Bearer user-key"}
 ADMIN = {"authorization": "Bearer admin-key"}
@@ -150,3 +153,35 @@ async def test_tags_list_every_manifest_with_its_aliases(api):
     models = (await client.get("/api/tags", headers=USER)).json()["models"]
     assert {m["name"]: m["aliases"] for m in models} == {"a": ["a:7b"], "b": []}
     assert all(len(m["digest"]) == 64 and m["modified_at"] for m in models)
+
+
+async def test_a_stream_is_ndjson_and_its_slot_is_released(api, monkeypatch):
+    client, coord = api
+    seen = []
+
+    async def streaming(self, endpoint, body, stream):
+        seen.append((endpoint, body))
+
+        async def chunks():
+            yield b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+            yield (b'data: {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}],'
+                   b' "timings": {"predicted_ms": 5.0}}\n\n')
+            yield (b'data: {"choices": [], "usage": {"prompt_tokens": 3,'
+                   b' "completion_tokens": 2}}\n\n')
+            yield b"data: [DONE]\n\n"
+
+        return UpstreamResponse(200, {"content-type": "text/event-stream"}, stream=chunks())
+
+    monkeypatch.setattr(FakeBackend, "handle_request", streaming)
+    body = {**HI, "stream": True, "options": {"num_predict": 5, "seed": 3, "top_k": 9}}
+    response = await client.post("/api/chat", json=body, headers=USER)
+    assert response.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert [line["message"]["content"] for line in lines] == ["Hel", "lo", ""]
+    assert lines[-1]["done"] and lines[-1]["eval_count"] == 2
+    assert lines[-1]["eval_duration"] == 5_000_000
+    endpoint, sent = seen[0]
+    assert endpoint == "/v1/chat/completions" and sent["stream"] is True
+    assert (sent["max_tokens"], sent["seed"], sent["top_k"]) == (5, 3, 9)
+    assert sent["stream_options"] == {"include_usage": True}
+    assert coord.pool.slots["a"].active == 0

@@ -233,3 +233,19 @@ async def test_an_error_event_becomes_an_ollama_error_line():
                                                                       [0.0, 0.0])])
 def test_shortened_embeddings_are_unit_length(vector, n, expected):
     assert shorten(vector, n) == pytest.approx(expected)
+
+
+async def test_a_client_that_leaves_mid_stream_closes_the_worker_stream():
+    closed = []
+
+    async def source():
+        try:
+            for piece in ("a", "b", "c"):
+                yield _sse({"choices": [{"delta": {"content": piece}}]})
+        finally:
+            closed.append(True)  # the relay releases the slot ticket here
+
+    lines = NdjsonStream("chat", "smol", 0.0, 0.0).translate(source())
+    assert json.loads(await anext(lines))["message"]["content"] == "a"
+    await lines.aclose()
+    assert closed == [True]
