@@ -2,13 +2,15 @@
 streaming and not) against llama.cpp's native server on SmolLM2, one coordinator for the
 module: names through manifests, aliases and tasks; options honoured; keep_alive; the
 processor split ``/api/ps`` and ``model-boss ps`` report; errors in Ollama's envelope. Then
-Ollama-speaking clients from the ``clients`` extra (langchain-ollama, llm-ollama)."""
+Ollama-speaking clients: langchain-ollama and llm-ollama (the ``clients`` extra), and the
+official JavaScript client from npm where node and npm are there."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -307,3 +309,26 @@ def test_llm_cli_with_the_llm_ollama_plugin(server, tmp_path):
     embedded = llm("embed", "-m", embed_id, "-c", "a cat")
     assert embedded.returncode == 0, embedded.stderr
     assert len(json.loads(embedded.stdout)) > 100
+
+
+def test_the_official_javascript_client(server, tmp_path):
+    if not (shutil.which("node") and shutil.which("npm")):
+        pytest.skip("needs node and npm for the 'ollama' JavaScript client")
+    installed = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund",
+                                "--prefix", str(tmp_path), "ollama@0.6"],
+                               capture_output=True, text=True, timeout=180)
+    if installed.returncode != 0:
+        pytest.skip(f"npm could not install the 'ollama' client: {installed.stderr[-300:]}")
+    probe = tmp_path / "probe.mjs"
+    shutil.copy(ROOT / "tests" / "e2e" / "ollama_js_probe.mjs", probe)
+    ran = subprocess.run(["node", str(probe)], env={**os.environ, "OLLAMA_HOST": server.url},
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout)
+    assert seen["chat"]["done"] and 0 < seen["chat"]["eval_count"] <= 4
+    assert seen["stream"]["done"] and seen["stream"]["text"].strip()
+    assert 0 < seen["stream"]["eval_count"] <= 4
+    assert seen["stream"]["done_reason"] in ("stop", "length")
+    assert seen["embed"] > 100 and "smollm2-135m" in seen["tags"]
+    assert any(name == "smollm2-135m" and in_vram for name, in_vram, _ in seen["ps"])
+    assert seen["missing"][0] == 404 and seen["pull"][0] == 400
