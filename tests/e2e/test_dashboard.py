@@ -88,6 +88,7 @@ def test_load_from_the_page_and_updates_from_events(page, server):
     expect(card(page, "smol-a")).to_have_attribute("data-state", "ready", timeout=LOAD_S)
     expect(card(page, "smol-a").locator(".placement")).to_contain_text("GPU 0")
     expect(card(page, "smol-a").locator(".placement")).to_contain_text("all layers on GPU")
+    expect(card(page, "smol-a").locator(".placement")).to_contain_text("100% GPU (declared)")
     expect(card(page, "smol-a").locator(".keep-alive")).to_contain_text("unloads in")
     expect(card(page, "smol-a").locator(".vram")).to_contain_text("measured")
     expect(page.locator("article.gpu[data-gpu='0'] .legend")).to_contain_text("smol-a")
