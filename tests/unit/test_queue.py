@@ -152,8 +152,10 @@ async def test_worker_exit_returns_slot_to_idle(coord_two):
     await run(coord, "a")
     backend = coord.pool.slots["a"].backend
     backend.on_exit(-9)
-    await asyncio.sleep(0.05)
     slot = coord.pool.slots["a"]
+    async with asyncio.timeout(10):  # the exit is handled in a task of its own
+        while slot.state != SlotState.IDLE:
+            await asyncio.sleep(0.01)
     assert slot.state == SlotState.IDLE and "exited unexpectedly" in slot.last_error
     assert (await coord.boss.usage())[0].leased_mb == 0
     await run(coord, "a")
