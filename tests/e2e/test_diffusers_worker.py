@@ -89,16 +89,42 @@ def _png(b64: str) -> Image.Image:
 
 def test_health_while_loading_then_ready(worker):
     assert worker.early  # torch imports in the loading thread: a second or more of 503s
+    fractions = []
     for early in worker.early:
         assert early["state"] == "loading" and early["loads_from_disk"] == 0
         assert early["footprint_mb"] is None and early["error"] is None
+        assert early["load"]["stage"] == "loading"  # with components counted once known
+        fractions.append(-1 if early["load"]["fraction"] is None else early["load"]["fraction"])
+    assert fractions == sorted(fractions)
     health = worker.health().json()
+    assert health["load"] is None
     assert health["state"] == "ready" and health["tier"] == "gpu"
     assert health["device"] == "cpu" and health["dtype"] == "float32"
     assert health["offload"] == "none" and health["can_offload"] is True
     assert health["loads_from_disk"] == 1 and 0 < health["load_s"] < health["ready_s"]
     assert 1 <= health["footprint_mb"] < 50
     assert health["memory"]["rss_mb"] > 100 and health["generating"] is False
+
+
+def test_load_progress_counts_the_pipeline_components(tiny_sd):
+    """In-process: diffusers' component loop is counted one component at a time."""
+    from workers.diffusers.loader import LoadProgress, load_pipeline
+    from workers.diffusers.options import parse_args
+
+    progress = LoadProgress()
+    seen: list[tuple[int, int]] = []
+    count = progress._count
+
+    def watched(items):
+        for item in count(items):
+            seen.append((progress.loaded, progress.components))
+            yield item
+
+    progress._count = watched
+    load_pipeline(parse_args(["--model", str(tiny_sd), "--port", "1"]), progress)
+    n = progress.components
+    assert n >= 5 and seen == [(done, n) for done in range(n)]
+    assert progress.to_dict()["fraction"] == 1.0 and progress.placing
 
 
 def test_generate_two_images(worker):

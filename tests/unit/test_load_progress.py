@@ -7,6 +7,7 @@ then lets it pass, so every interleaving is the one the test names.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -269,19 +270,23 @@ async def test_a_waiting_job_shows_its_queue_position(tmp_path):
         await coord.stop()
 
 
-async def test_a_stream_waiting_on_a_load_gets_comment_lines(reporting, monkeypatch):
-    coord, gates, _ = reporting
-    monkeypatch.setattr(coord.settings, "load_comments_after_s", 0.0)  # any load counts
-    app = create_app(coordinator=coord)
-    transport = httpx.ASGITransport(app=app)
+async def stream_over_a_held_start(coord, gates) -> httpx.Response:
+    """A streaming chat for "p" sent while its worker's start is held, then let through."""
+    transport = httpx.ASGITransport(app=create_app(coordinator=coord))
     async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
         gates.hold("start")
         chat = asyncio.create_task(client.post("/v1/chat/completions", json={
             "model": "p", "stream": True, "messages": [{"role": "user", "content": "hi"}]}))
         await gates.reached("start")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the answer begins while the start is held
         gates.open("start")
-        answer = await asyncio.wait_for(chat, 5)
+        return await asyncio.wait_for(chat, 5)
+
+
+async def test_a_stream_waiting_on_a_load_gets_comment_lines(reporting, monkeypatch):
+    coord, gates, _ = reporting
+    monkeypatch.setattr(coord.settings, "load_comments_after_s", 0.0)  # any load counts
+    answer = await stream_over_a_held_start(coord, gates)
     assert answer.status_code == 200 and answer.headers["x-model-boss-model"] == "p"
     assert answer.headers["content-type"].startswith("text/event-stream")
     first = answer.text.split("\n\n")[0]
@@ -297,3 +302,64 @@ async def test_a_stream_refused_before_any_load_keeps_its_status(reporting):
         answer = await client.post("/v1/chat/completions", json={
             "model": "nope", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
     assert answer.status_code == 404 and answer.json()["error"]["code"]
+
+
+LLAMA_OUTPUT = [  # what llama.cpp's server (native worker) prints while it starts
+    "0.00.002.165 W srv          init: security: no API key is set",
+    "0.00.002.714 I srv          init: loading model",
+    "0.00.002.752 I srv    load_model: loading model '/models/SmolLM2-135M.gguf'",
+    "0.03.020.204 I cmn          init: llama threadpool init, n_threads = 2",
+    "0.03.020.300 I cmn  common_init_: warming up the model with an empty run - please wait",
+    "0.12.426.752 I srv          init: model loaded",
+    "0.12.442.321 I srv          init: listening on http://127.0.0.1:8080",
+]
+
+
+def test_llama_stages_come_from_its_output_lines():
+    from types import SimpleNamespace
+
+    from model_boss.inference.backend import HttpWorkerBackend
+    from model_boss.inference.backends.llama import LlamaCppServerBackend
+
+    reports: list[str] = []
+    backend = SimpleNamespace(log_stages=LlamaCppServerBackend.log_stages,
+                              _report=lambda stage, fraction=None: reports.append(stage))
+    for line in LLAMA_OUTPUT:
+        HttpWorkerBackend._saw_line(backend, line)
+    assert reports == ["loading", "loading", "warming", "warming"]  # LoadProgress dedups
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"state": "loading", "load": {"stage": "loading", "fraction": 0.4, "components": 5}},
+     ("loading", 0.4)),
+    ({"state": "loading", "load": {"stage": "loading", "fraction": None}}, ("loading", None)),
+    ({"state": "loading"}, ("loading", None)),  # an older worker: no load report
+    ("not json", ("loading", None)),
+])
+def test_diffusers_loading_fraction_from_its_health(body, expected):
+    from model_boss.inference.backends.diffusers import DiffusersBackend
+
+    response = (httpx.Response(503, json=body) if isinstance(body, dict)
+                else httpx.Response(503, text=body))
+    assert DiffusersBackend.loading_stage(None, response) == expected
+
+
+async def test_a_stream_whose_load_fails_after_it_started_ends_with_an_sse_error(tmp_path):
+    coord, gates, log = gated_coordinator(tmp_path, [manifest("p")], load_comments_after_s=0)
+
+    class FailsAfterGate(GatedBackend):
+        async def start(self, port, placement) -> None:
+            await self.gates.passing("start")
+            raise RuntimeError("weights are corrupt")
+
+    coord.pool.backend_factory = lambda entry, s: FailsAfterGate(entry, gates, log, False)
+    await coord.start()
+    try:
+        answer = await stream_over_a_held_start(coord, gates)
+        events = [e for e in answer.text.split("\n\n") if e]
+        assert answer.status_code == 200 and events[0].startswith(": loading p stage=")
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert "weights are corrupt" in error["message"]
+    finally:
+        await coord.stop()
