@@ -1,9 +1,12 @@
 """Three real coordinators sharing one real Redis, each with its own declared GPU and port.
 
-One cluster for the module; the tests run in order and build on each other's state: a model
-warm on C is served through A (streaming); a model nowhere loads on the member with room; a
-burst sent to all three loads a model once; a forward without the secret is refused; a Redis
-restart is repaired within a heartbeat; a SIGKILLed member drops out, its leases expire and
+One cluster for the module; the tests run in order and build on each other's state: a burst
+to all three loads a model once (through the load lock when each has room, by the same
+choice when one has); a model warm on C is served through A (streaming, C's refusals as
+they are); a model nowhere loads on the member with room; a forward without the secret is
+refused; ps --cluster; a Redis restart is repaired within a heartbeat; a job cancelled
+through one member stops where it runs; runtime config and learned figures are shared; a
+member SIGKILLed mid-job: the job completes once on another member, its leases expire and
 its model is served elsewhere.
 """
 
