@@ -11,7 +11,7 @@ from collections import Counter
 
 import psutil
 
-from .catalog import Catalog, load_manifests
+from .catalog import BackendKind, Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
 from .cluster import Cluster
 from .errors import ConfigError, ModelBossError
@@ -23,6 +23,7 @@ from .inference import InferenceQueue, ModelPool, SlotState
 from .inference.pool import BackendFactory, default_backend_factory
 from .inference.process import reap_orphans
 from .inference.router import ModelRouter
+from .inference.spare import DIFFUSERS
 from .jobs import EmbeddedJobStore, JobManager, RedisJobStore
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
@@ -122,6 +123,9 @@ class Coordinator:
                                                name="metadata"))
         for model in self.settings.preload:
             self._preload(model)
+        if any(e.available and e.manifest.backend == BackendKind.DIFFUSERS
+               for e in self.catalog):
+            self.pool.spares.replenish(DIFFUSERS)  # the first image skips the imports too
         if self.cluster is not None:
             await self.cluster.start()
         await self.jobs.start()
@@ -222,6 +226,7 @@ class Coordinator:
             if self.cluster else None,
             "gpus": [u.to_dict() for u in usage],
             "slots": self.pool.status(),
+            "spare_workers": self.pool.spares.status(),
             "queue": queue,
             "client_profiles": {name: profile.model_dump(exclude_none=True)
                                 for name, profile in self.settings.clients.items()},

@@ -114,6 +114,7 @@ class Settings(BaseSettings):
     preload: list[str] = Field(default_factory=list)
     ram_reserve_mb: int = Field(default=4096, ge=0)
     max_offloaded_mb: int | None = Field(default=None, ge=0)
+    spare_workers: bool = True  # a pre-started diffusers worker waits for the next cold load
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True

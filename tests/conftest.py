@@ -52,6 +52,7 @@ class ServerProcess:
             "tasks_file": None, "models_dir": str(MODELS_DIR),
             "state_dir": str(workdir / "state"), "reclaim_sleep_s": 0,
             "stop_grace_s": 5, "health_timeout_s": 60, "use_nvml": False,
+            "spare_workers": False,  # on where a test is about them: each costs CPU at start
             **config,
         }
         self.config_path = workdir / "model-boss.yaml"

@@ -49,6 +49,7 @@ class InferenceBackend(Protocol):
     can_offload: bool
     on_exit: Callable[[int], None] | None
     on_progress: ProgressCallback | None  # (stage, fraction) while starting, where known
+    port: int | None  # where the worker listens, once started
 
     @property
     def pid(self) -> int | None: ...
@@ -132,15 +133,28 @@ class HttpWorkerBackend:
         return {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
 
     async def start(self, port: int, placement: Placement | None) -> None:
-        self.port = port
         # one secret per worker start, known only to this backend and the worker
         self.secret = secrets.token_urlsafe(32) if self.secret_env else None
-        self._headers = {**_JSON, **self._auth()}
         state = self.settings.state_path
-        self.process = WorkerProcess(
+        self._attach(port, self.secret, WorkerProcess(
             self.manifest.id, self.argv(port, placement), env=self.environment(placement),
             pid_dir=state / "workers", log_file=state / "logs" / f"{_safe(self.manifest.id)}.log",
-        )
+        ))
+        assert self.process is not None
+        try:
+            await self.process.start()
+            await self._wait_healthy(self.settings.health_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+        finally:
+            if self.process is not None:
+                self.process.on_line = None
+
+    def _attach(self, port: int, secret: str | None, process: WorkerProcess) -> None:
+        """Make ``process`` on ``port`` (answering to ``secret``) this backend's worker."""
+        self.port, self.secret, self.process = port, secret, process
+        self._headers = {**_JSON, **self._auth()}
         self.process.on_exit = self._exited
         self.process.on_line = self._saw_line if self.log_stages else None
         self._client = httpx.AsyncClient(  # control calls: health, offload, reports
@@ -152,15 +166,6 @@ class HttpWorkerBackend:
                                         timeout_s=self.settings.request_timeout_s,
                                         connect_timeout_s=5.0, max_connections=64,
                                         keepalive_s=3.0)
-        try:
-            await self.process.start()
-            await self._wait_healthy(self.settings.health_timeout_s)
-        except BaseException:
-            await self.stop()
-            raise
-        finally:
-            if self.process is not None:
-                self.process.on_line = None
 
     def _report(self, stage: str, fraction: float | None = None) -> None:
         if self.on_progress is not None:

@@ -69,13 +69,14 @@ class SlotLoad:
                               rung=s.estimate.rung if s.estimate else "")
         backend: InferenceBackend | None = None
         try:
-            backend = self.owner.pool.backend_factory(s.entry, self.owner.pool.settings)
+            backend = self.owner.pool.new_backend(s.entry)
             backend.on_exit = lambda code, b=backend: self.owner.worker_exited(b, code)
             # the worker tells its stages (and a fraction where it can) while it starts
             backend.on_progress = self.progress.report
             s.backend, s.port = backend, free_port()
             self.progress.report("starting")
             await backend.start(s.port, placement)
+            s.port = backend.port or s.port  # a spare worker came with its own
             self._check_still_mine(lease, backend)
         except BaseException as exc:
             await self._abandon_load(backend, lease, exc)

@@ -29,6 +29,7 @@ from .owner import SlotOwner
 from .planner import Demand, Evict, Fit, Plan, Snapshot, Wait
 from .rates import RequestRates
 from .slot import ModelSlot, SlotState
+from .spare import SpareWorkers
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class ModelPool:
         self.owners: dict[str, SlotOwner] = {}
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
+        self.spares = SpareWorkers(settings, events)
         self._tasks: set[asyncio.Task] = set()
         # The ledger: VRAM a load has evicted for and not yet leased, kept from other plans.
         self._claims: dict[str, dict[int, int]] = {}
@@ -87,6 +89,13 @@ class ModelPool:
 
     def slot(self, model_id: str) -> ModelSlot:
         return self.owner(model_id).slot
+
+    def new_backend(self, entry: CatalogEntry) -> InferenceBackend:
+        """A backend for one load of ``entry``; a kind that can use spare workers gets ours."""
+        backend = self.backend_factory(entry, self.settings)
+        if hasattr(backend, "spares"):
+            backend.spares = self.spares
+        return backend
 
     def stay_warm_for(self, entry: CatalogEntry) -> float:
         manifest = entry.manifest
@@ -388,6 +397,7 @@ class ModelPool:
 
     async def shutdown(self) -> None:
         """Stop every worker and release every lease."""
+        await self.spares.shutdown()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -30,6 +30,7 @@ class FakeBackend:
         self.fail = fail
         self.gate = gate
         self.on_exit = None
+        self.port = None
         self.pid = 4242
         self.stopped = False
         self.alive = True
@@ -79,7 +80,8 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
     kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
     config = Settings(manifests=[manifest_file], tasks_file=None, state_dir=tmp_path / "state",
                       gpus=gpus or [{"index": 0, "name": "sim", "vram_mb": 4096}],
-                      use_nvml=False, **{"reclaim_sleep_s": 0, **settings})
+                      use_nvml=False,
+                      **{"reclaim_sleep_s": 0, "spare_workers": False, **settings})
     coord = Coordinator(config, backend_factory=lambda entry, s: FakeBackend(entry, s, log,
                                                                              **kwargs))
     return coord, log

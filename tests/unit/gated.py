@@ -50,6 +50,7 @@ class GatedBackend:
         self.log = log
         self.can_offload = can_offload
         self.on_exit = None
+        self.port = None
         self.pid = 4000 + len(log)
         self.alive = False
 

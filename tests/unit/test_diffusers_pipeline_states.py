@@ -31,9 +31,11 @@ from workers.diffusers.errors import (
     PipelineOffloaded,
     WorkerError,
 )
+from workers.diffusers.options import InvalidOptions, load_args
 
 P = PipelineState
 LEGAL = {
+    (P.SPARE, P.LOADING),
     (P.LOADING, P.READY), (P.LOADING, P.FAILED),
     (P.READY, P.OFFLOADING),
     (P.OFFLOADING, P.OFFLOADED), (P.OFFLOADING, P.READY), (P.OFFLOADING, P.FAILED),
@@ -108,6 +110,8 @@ async def holder_in(state: PipelineState) -> tuple[PipelineHolder, FakePipe, asy
     """A holder brought to ``state`` through its public API; a move in flight is held at the
     pipe's gate (the returned task finishes it once the gate opens)."""
     pipe = FakePipe()
+    if state is P.SPARE:
+        return PipelineHolder(WorkerOptions(model="", port=0, spare=True)), pipe, None
     if state is P.LOADING:
         return PipelineHolder(WorkerOptions(model="tiny", port=0)), pipe, None
     if state is P.FAILED:
@@ -127,6 +131,7 @@ async def holder_in(state: PipelineState) -> tuple[PipelineHolder, FakePipe, asy
 
 
 ADMISSION = [
+    (P.SPARE, NotReady),
     (P.LOADING, NotReady),
     (P.READY, None),
     (P.OFFLOADING, PipelineOffloaded),
@@ -163,6 +168,7 @@ def test_offloaded_refusal_is_a_409_invalid_request():
 
 
 MOVES = [  # (state, verb, outcome): the error class, or the state it ends in
+    (P.SPARE, "offload", NotReady), (P.SPARE, "onload", NotReady),
     (P.LOADING, "offload", NotReady), (P.LOADING, "onload", NotReady),
     (P.FAILED, "offload", NotReady), (P.FAILED, "onload", NotReady),
     (P.READY, "offload", P.OFFLOADED), (P.READY, "onload", P.READY),
@@ -330,3 +336,41 @@ def test_a_request_id_is_admitted_once_at_a_time():
     book.close(ticket)  # closing twice is harmless
     assert book.open("a") is not ticket
     assert book.open().request_id.startswith("gen-")
+
+
+def test_a_spare_takes_one_model_once():
+    holder = PipelineHolder(WorkerOptions(model="", port=0, spare=True))
+    assert holder.state is P.SPARE and holder.report()["state"] == "spare"
+    holder.assign(WorkerOptions(model="tiny", port=0))
+    assert holder.state is P.LOADING and holder.options.model == "tiny"
+    with pytest.raises(Busy):
+        holder.assign(WorkerOptions(model="other", port=0))
+    assert holder.options.model == "tiny"
+
+
+def test_a_loaded_worker_is_no_spare():
+    with pytest.raises(Busy):
+        loaded_holder(FakePipe()).assign(WorkerOptions(model="other", port=0))
+
+
+@pytest.mark.parametrize("flags, error", [
+    ([], "--model is required"),
+    (["--model", "m", "--port", "9"], "own"),
+    (["--model", "m", "--api-key=x"], "own"),
+    (["--model", "m", "--dtype", "float8"], "invalid choice"),
+    (["--model", "m", "--vae-mb-per-512px", "0"], "positive"),
+])
+def test_load_args_refuse_what_is_not_a_model_flag(flags, error):
+    spare = WorkerOptions(model="", port=7, parent_pid=3, api_key="k", spare=True)
+    with pytest.raises(InvalidOptions, match=error):
+        load_args(spare, flags)
+
+
+def test_load_args_keep_the_spares_address_parent_and_key():
+    spare = WorkerOptions(model="", port=7, host="127.0.0.1", parent_pid=3, api_key="k",
+                          spare=True)
+    options = load_args(spare, ["--model", "/m", "--dtype", "float32", "--offload", "model"])
+    assert (options.model, options.port, options.parent_pid, options.api_key) == \
+        ("/m", 7, 3, "k")
+    assert options.dtype == "float32" and str(options.offload) == "model"
+    assert options.spare is False

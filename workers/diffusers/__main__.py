@@ -7,8 +7,8 @@ import os
 
 from .app import create_app
 from .generation import Generator
-from .loader import LoadedPipeline, load_pipeline
-from .options import parse_args
+from .loader import LoadedPipeline, load_pipeline, preimport
+from .options import WorkerOptions, parse_args
 from .pipeline import PipelineHolder
 from .process import die_with_parent, serve
 
@@ -19,10 +19,13 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent(options.parent_pid)
+    if options.spare:
+        preimport()  # before the port opens: a spare that answers has paid for its imports
     holder = PipelineHolder(options)
     generator = Generator(holder)
-    def load() -> LoadedPipeline:
-        return load_pipeline(options, holder.load_progress)
+
+    def load(opts: WorkerOptions) -> LoadedPipeline:
+        return load_pipeline(opts, holder.load_progress)
 
     serve(lambda stop: create_app(holder, generator, load, stop, api_key=options.api_key),
           options.host, options.port, on_exit=generator.cancel)

@@ -8,6 +8,9 @@
     POST /offload   weights to CPU RAM (409 busy while a generation is admitted)
     POST /onload    weights back to the device
     POST /shutdown  cancel what runs, then stop the server
+    POST /load      a spare (``--spare``) takes its model: {"args": [model flags],
+                    "cuda_visible_devices"}; answers once the load is over, as /health would
+                    (409 busy on a worker that is no spare)
 
 With an API key (the coordinator's per-worker secret) every route, ``/health`` included,
 answers 401 without ``Authorization: Bearer <key>``.
@@ -15,7 +18,9 @@ answers 401 without ``Authorization: Bearer <key>``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import secrets
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -28,22 +33,26 @@ from fastapi.responses import JSONResponse, Response
 from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
-from .pipeline import LOADED, PipelineHolder
-from .schemas import CancelRequest, GenerateRequest
+from .options import InvalidOptions, WorkerOptions, load_args
+from .pipeline import LOADED, PipelineHolder, PipelineState
+from .schemas import CancelRequest, GenerateRequest, LoadRequest
 
 log = logging.getLogger(__name__)
 
 
 def create_app(holder: PipelineHolder, generator: Generator,
-               load: Callable[[], LoadedPipeline],
+               load: Callable[[WorkerOptions], LoadedPipeline],
                shutdown: Callable[[], None] | None = None,
                api_key: str | None = None) -> FastAPI:
-    """The app; ``load`` runs in the background from startup, ``shutdown`` is called by
-    ``POST /shutdown``; with ``api_key`` every request must carry it as a bearer token."""
+    """The app; ``load`` runs in the background from startup (a spare's from ``POST /load``),
+    ``shutdown`` is called by ``POST /shutdown``; with ``api_key`` every request must carry it
+    as a bearer token."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        holder.start_loading(load)
+        if holder.state is PipelineState.LOADING:
+            options = holder.options
+            holder.start_loading(lambda: load(options))
         yield
         generator.cancel()
 
@@ -101,6 +110,18 @@ def create_app(holder: PipelineHolder, generator: Generator,
     @app.post("/onload")
     async def onload() -> dict[str, Any]:
         return await holder.onload()
+
+    @app.post("/load")
+    async def load_model(req: LoadRequest) -> JSONResponse:
+        try:
+            options = load_args(holder.options, req.args)
+        except InvalidOptions as exc:
+            raise InvalidRequest(f"args: {exc}", param="args") from None
+        holder.assign(options)  # 409 busy unless this worker is a spare, and only once
+        if req.cuda_visible_devices is not None:  # CUDA reads it at its first use, below
+            os.environ["CUDA_VISIBLE_DEVICES"] = req.cuda_visible_devices
+        await asyncio.to_thread(holder.start_loading(lambda: load(options)).join)
+        return await health()
 
     @app.post("/shutdown")
     async def shutdown_now() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from .memory import (
     decode_latents,
     oom_fallback,
 )
+from .options import WorkerOptions
 from .pipeline import PipelineHolder
 from .schemas import GenerateRequest
 from .tickets import CancelOutcome, Ticket
@@ -36,9 +37,13 @@ class Generator:
 
     def __init__(self, holder: PipelineHolder) -> None:
         self.holder = holder
-        self.options = holder.options
         self._progress: dict[str, Any] = {"job": 0, "step": 0, "steps": 0, "state": "idle",
                                           "request_id": None}
+
+    @property
+    def options(self) -> WorkerOptions:
+        """The holder's: a spare's generator learns its model's options at ``POST /load``."""
+        return self.holder.options
 
     def progress(self) -> dict[str, Any]:
         """The ``GET /progress`` body: the running (or last) generation."""

@@ -116,6 +116,23 @@ def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> 
     return loaded
 
 
+def preimport() -> None:
+    """What a spare imports ahead of its model: torch, diffusers' pipeline loader and the
+    modules a Stable Diffusion family pipeline pulls in (transformers' CLIP, the UNet and VAE
+    classes). Touches no CUDA API, so ``CUDA_VISIBLE_DEVICES`` set at ``POST /load`` still
+    decides which GPUs the worker sees."""
+    import torch  # noqa: F401
+    from diffusers import (  # noqa: F401
+        AutoencoderKL,
+        DiffusionPipeline,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextModel, CLIPTokenizer  # noqa: F401
+
+    _dtype_kwarg()
+
+
 def _dtype_kwarg() -> str:
     """``dtype`` where this diffusers takes it (``torch_dtype`` is deprecated there), else
     ``torch_dtype``: an older diffusers would silently ignore ``dtype`` and load float32."""

@@ -8,6 +8,11 @@
 
 The API key is better given in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the
 worker answers anyone.
+
+    python -m workers.diffusers --spare --port N [--host ...] [--parent-pid PID]
+
+starts a *spare*: torch and diffusers imported, no model, until ``POST /load`` names one with
+the same model flags (``load_args``), so a cold load skips the interpreter start and imports.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .memory import Offload
 
@@ -39,12 +44,42 @@ class WorkerOptions:
     vram_margin_mb: int = 512
     parent_pid: int | None = None
     api_key: str | None = None
+    spare: bool = False
 
 
-def parse_args(argv: list[str] | None = None) -> WorkerOptions:
+class InvalidOptions(ValueError):
+    """Model flags given to a spare's ``POST /load`` that do not parse."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises instead of exiting, for flags that arrive over HTTP (``load_args``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise InvalidOptions(message)
+
+
+def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
+    """The options a spare loads with: the model flags a cold start would get (``--model``
+    and the rest), on the spare's own address, parent and key. Raises ``InvalidOptions``."""
+    if any(f.split("=")[0] in _SPARE_OWNED for f in flags):
+        raise InvalidOptions(f"{', '.join(sorted(_SPARE_OWNED))} are the spare's own")
+    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=_Parser)
+    if not parsed.model:
+        raise InvalidOptions("--model is required")
+    return replace(parsed, host=spare.host, parent_pid=spare.parent_pid, api_key=spare.api_key)
+
+
+_SPARE_OWNED = frozenset({"--port", "--host", "--parent-pid", "--api-key", "--spare"})
+
+
+def parse_args(argv: list[str] | None = None,
+               parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+               ) -> WorkerOptions:
     """Parse and validate the command line into ``WorkerOptions``."""
-    parser = argparse.ArgumentParser(prog=PROG)
-    parser.add_argument("--model", required=True, help="a diffusers pipeline directory")
+    parser = parser_class(prog=PROG)
+    parser.add_argument("--spare", action="store_true",
+                        help="import torch and diffusers, then wait for POST /load")
+    parser.add_argument("--model", default="", help="a diffusers pipeline directory")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -59,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
     args = parser.parse_args(argv)
+    if not args.model and not args.spare:
+        parser.error("--model is required (or --spare)")
     max_memory = None
     if args.max_memory:
         try:
@@ -75,4 +112,4 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         dtype=args.dtype, offload=Offload(args.offload), max_memory=max_memory,
         vae_mb_per_512px=args.vae_mb_per_512px, allow_cpu_vae=args.allow_cpu_vae,
         vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, spare=args.spare)

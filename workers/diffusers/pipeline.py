@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 class PipelineState(StrEnum):
     """Lifecycle of the pipeline inside this worker."""
 
+    SPARE = "spare"  # a pre-started worker, imports done, no model yet (POST /load names one)
     LOADING = "loading"  # from_pretrained in progress
     READY = "ready"  # weights on the device: the only state generations are admitted in
     OFFLOADING = "offloading"  # weights moving to CPU RAM
@@ -52,6 +53,7 @@ P = PipelineState
 # The one transition table. A failed move is undone where possible (OFFLOADING -> READY,
 # ONLOADING -> OFFLOADED); where it cannot be, the pipeline is FAILED.
 TRANSITIONS: dict[PipelineState, frozenset[PipelineState]] = {
+    P.SPARE: frozenset({P.LOADING}),
     P.LOADING: frozenset({P.READY, P.FAILED}),
     P.READY: frozenset({P.OFFLOADING}),
     P.OFFLOADING: frozenset({P.OFFLOADED, P.READY, P.FAILED}),
@@ -62,8 +64,9 @@ TRANSITIONS: dict[PipelineState, frozenset[PipelineState]] = {
 # The process is healthy and its pipeline loaded: GET /health answers 200.
 LOADED = frozenset({P.READY, P.OFFLOADING, P.OFFLOADED, P.ONLOADING})
 # Where the weights are in each state, as /health reports it ("gpu" = the compute device).
-TIER: dict[PipelineState, str] = {P.LOADING: "cpu", P.READY: "gpu", P.OFFLOADING: "gpu",
-                                  P.OFFLOADED: "cpu", P.ONLOADING: "cpu", P.FAILED: "cpu"}
+TIER: dict[PipelineState, str] = {P.SPARE: "cpu", P.LOADING: "cpu", P.READY: "gpu",
+                                  P.OFFLOADING: "gpu", P.OFFLOADED: "cpu", P.ONLOADING: "cpu",
+                                  P.FAILED: "cpu"}
 
 
 def check_transition(old: PipelineState, new: PipelineState) -> None:
@@ -87,7 +90,7 @@ class PipelineHolder:
         self.load_progress = LoadProgress()
         self.error: str | None = None
         self.history: deque[tuple[float, str, str]] = deque(maxlen=20)
-        self._state = P.LOADING
+        self._state = P.SPARE if options.spare else P.LOADING
         self._lock = threading.Lock()  # state + admission; never held across real work
 
     @property
@@ -113,6 +116,15 @@ class PipelineHolder:
         log.info("pipeline %s -> %s: %s", old, new, reason)
 
     # -- loading ----------------------------------------------------------------------------
+
+    def assign(self, options: WorkerOptions) -> None:
+        """A spare takes its model: SPARE -> LOADING with ``options`` (once; a worker that
+        has a model, or is loading one, refuses with ``Busy``)."""
+        with self._lock:
+            if self._state is not P.SPARE:
+                raise Busy(f"this worker is not a spare (the pipeline is {self._state})")
+            self.options = options
+            self._transition(P.LOADING, f"spare assigned {options.model}")
 
     def start_loading(self, load: Callable[[], LoadedPipeline]) -> threading.Thread:
         """Run ``load`` in a daemon thread (so /health answers at once, and a SIGTERM never
@@ -141,7 +153,7 @@ class PipelineHolder:
         """A ticket for a new generation, or the error that refuses it. While a ticket is
         open the weights do not move."""
         with self._lock:
-            if self._state in (P.LOADING, P.FAILED):
+            if self._state in (P.SPARE, P.LOADING, P.FAILED):
                 detail = f": {self.error}" if self.error else ""
                 raise NotReady(f"the pipeline is {self._state}{detail}")
             if self._state is not P.READY:
@@ -175,7 +187,7 @@ class PipelineHolder:
         return await asyncio.to_thread(self._unpark)
 
     def _check_movable(self, verb: str) -> None:
-        if self._state in (P.LOADING, P.FAILED):
+        if self._state in (P.SPARE, P.LOADING, P.FAILED):
             raise NotReady(f"cannot {verb}: the pipeline is {self._state}")
         if len(self.tickets):
             raise Busy(f"cannot {verb} while generating")

@@ -46,6 +46,7 @@ class CloudBackend:
         self.settings = settings
         self.on_exit: Callable[[int], None] | None = None
         self.pid: int | None = None
+        self.port: int | None = None  # a remote listens on no local port
         self._client: UpstreamClient | None = None
         self._headers: dict[str, str] = {"content-type": "application/json"}
         self._remote_model = self.manifest.remote_model or self.manifest.id

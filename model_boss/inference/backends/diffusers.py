@@ -13,9 +13,10 @@ from typing import Any
 import httpx
 import orjson
 
-from ...errors import BadRequest, WorkerCrashed
+from ...errors import BadRequest, LoadFailed, WorkerCrashed
 from ...gpu.placement import Placement
 from ..backend import HttpWorkerBackend, UpstreamResponse, upstream_error
+from ..spare import DIFFUSERS, Spare, SpareWorkers
 
 IMAGES_ENDPOINT = "/v1/images/generations"
 _BACKGROUND: set[asyncio.Task] = set()
@@ -29,21 +30,62 @@ class DiffusersBackend(HttpWorkerBackend):
     health_path = "/health"
     secret_env = "WORKER_API_KEY"  # workers/diffusers/options.py reads it
 
+    spares: SpareWorkers | None = None  # the pool's, when it keeps spare workers
+
     def argv(self, port: int, placement: Placement | None) -> list[str]:
+        return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",
+                "--port", str(port), "--parent-pid", str(os.getpid()),
+                *self.model_flags(placement)]
+
+    def model_flags(self, placement: Placement | None) -> list[str]:
+        """The model's flags: a cold start's argv, a spare's ``POST /load``."""
         m = self.manifest
-        argv = [sys.executable, "-m", "workers.diffusers", "--model", str(self.entry.path),
-                "--host", "127.0.0.1", "--port", str(port), "--device", "auto",
-                "--dtype", m.dtype, "--offload", m.offload,
-                "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",
-                "--vram-margin-mb", str(self.settings.vram_margin_mb),
-                "--parent-pid", str(os.getpid())]
-        argv.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
+        flags = ["--model", str(self.entry.path), "--device", "auto",
+                 "--dtype", m.dtype, "--offload", m.offload,
+                 "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",
+                 "--vram-margin-mb", str(self.settings.vram_margin_mb)]
+        flags.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
         if m.offload == "balanced" and placement is not None and len(placement.gpus) > 1:
             # CUDA_VISIBLE_DEVICES renumbers the chosen GPUs from 0
             memory = {str(i): f"{mb}MiB" for i, mb in
                       enumerate(placement.allocations[g] for g in placement.gpus)}
-            argv += ["--max-memory", json.dumps(memory)]
-        return argv + list(m.args)
+            flags += ["--max-memory", json.dumps(memory)]
+        return flags + list(m.args)
+
+    async def start(self, port: int, placement: Placement | None) -> None:
+        """A cold start, in the spare worker when one is ready (and the manifest sets no
+        environment of its own, which a running process cannot take)."""
+        spare = self.spares.take(DIFFUSERS) if self.spares and not self.manifest.env else None
+        if spare is None:
+            return await super().start(port, placement)
+        try:
+            await self._load_in(spare, placement)
+        finally:
+            self.spares.replenish(DIFFUSERS)  # type: ignore[union-attr]
+
+    async def _load_in(self, spare: Spare, placement: Placement | None) -> None:
+        """Adopt ``spare`` (process, port, secret) and name the model in ``POST /load``; it
+        answers when the load is over. A failure stops the spare like a failed cold start."""
+        self._attach(spare.port, spare.secret, spare.process)
+        body = {"args": self.model_flags(placement),
+                "cuda_visible_devices": placement.cuda_visible_devices if placement else ""}
+        try:
+            assert self._client is not None
+            try:
+                reply = await self._client.post("/load", json=body,
+                                                timeout=self.settings.health_timeout_s)
+            except httpx.TransportError as exc:
+                raise await self.crashed(exc) from exc
+            if reply.status_code != 200:
+                detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
+                raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
+                                 f"{detail.message}")
+            if not await self.health_check():
+                raise LoadFailed(f"spare worker for '{self.manifest.id}' is not healthy "
+                                 f"after its load")
+        except BaseException:
+            await self.stop()
+            raise
 
     def environment(self, placement: Placement | None) -> dict[str, str]:
         env = super().environment(placement)

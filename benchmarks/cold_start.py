@@ -1,0 +1,115 @@
+"""Diffusion cold start: with and without the spare worker, against a warm-interpreter
+``from_pretrained`` of the same pipeline, in one run.
+
+- warm ``from_pretrained``: this process, torch and diffusers imported and the pipeline loaded
+  once already, loads it again (the floor a worker process could reach);
+- cold start without a spare (``spare_workers: false``): a new worker process (interpreter,
+  imports, ``from_pretrained``) per load;
+- cold start with the spare (``spare_workers: true``): the load goes to the pre-started worker
+  (imports done); between loads the benchmark waits until the replacement spare is ready, the
+  steady state the spare is for.
+
+Each cold start is one image request (64×64, 1 step) to an unloaded model; the table shows the
+coordinator's load time (``loaded`` event: load start to READY) and the request's time to the
+image, then the model is unloaded for the next round. Also: the spare's RSS and how long it
+takes to become ready.
+
+    .venv/bin/python benchmarks/cold_start.py [--rounds 3] [--width 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.conftest import ServerProcess, wait_for
+from tests.diffusion_fixtures import build_tiny_sd_pipeline
+
+GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}], "log_level": "WARNING"}
+IMAGE = {"model": "sd", "prompt": "x", "size": "64x64", "x_steps": 1, "x_seed": 1}
+
+
+def warm_from_pretrained(path: Path, rounds: int) -> list[float]:
+    from diffusers import DiffusionPipeline
+
+    DiffusionPipeline.from_pretrained(str(path))  # imports and first-use costs paid here
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        DiffusionPipeline.from_pretrained(str(path)).set_progress_bar_config(disable=True)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def ready_spare(server: ServerProcess) -> dict | None:
+    return next((s for s in server.status()["spare_workers"] if s.get("ready")), None)
+
+
+def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
+    manifest = {"id": "sd", "category": "diffusion", "backend": "diffusers", "path": str(path),
+                "vram_mb": 3000}
+    server = ServerProcess(workdir, dict(GPU, spare_workers=spare), [manifest]).start()
+    requests, spares = [], []
+    try:
+        for _ in range(rounds):
+            if spare:
+                ready = wait_for(lambda: ready_spare(server), timeout=300)
+                assert ready, server.log()
+                spares.append(ready)
+            started = time.perf_counter()
+            reply = httpx.post(server.url + "/v1/images/generations", json=IMAGE, timeout=600)
+            requests.append(time.perf_counter() - started)
+            assert reply.status_code == 200, reply.text
+            unloaded = httpx.post(server.url + "/api/v1/models/sd/unload", timeout=60)
+            assert unloaded.status_code == 200, unloaded.text
+        events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    finally:
+        server.stop()
+    return {"loaded": [e["seconds"] for e in events if e["type"] == "loaded"],
+            "request": requests, "used": sum(e["type"] == "spare_taken" for e in events),
+            "spare_ready": [e["seconds"] for e in events if e["type"] == "spare_ready"],
+            "spare_rss": [s["rss_mb"] for s in spares if s.get("rss_mb")]}
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--width", type=int, default=256, help="UNet width (model size)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        path = build_tiny_sd_pipeline(root / "pipe", width=args.width)
+        size_mb = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+        warm = med(warm_from_pretrained(path, args.rounds * 2))
+        cold = cold_starts(root / "cold", path, args.rounds, spare=False)
+        spare = cold_starts(root / "spare", path, args.rounds, spare=True)
+    assert spare["used"] == args.rounds, f"the spare took {spare['used']} of {args.rounds} loads"
+    print(f"diffusion cold start, pipeline of {size_mb:.0f} MB, CPU only (declared GPU), "
+          f"{args.rounds} loads each; medians")
+    print(f"{'measurement':<52}{'median s':>10}{'x warm':>9}")
+    rows = [
+        ("warm-interpreter from_pretrained (same pipeline)", warm),
+        ("cold load without the spare (load start -> READY)", med(cold["loaded"])),
+        ("cold load with the spare (load start -> READY)", med(spare["loaded"])),
+        ("first image without the spare (request -> image)", med(cold["request"])),
+        ("first image with the spare (request -> image)", med(spare["request"])),
+        ("spare start until ready (interpreter + imports)", med(spare["spare_ready"])),
+    ]
+    for name, value in rows:
+        print(f"{name:<52}{value:>10.3f}{value / warm:>9.2f}")
+    print(f"{'spare worker RSS (MB), no model':<52}{med(spare['spare_rss']):>10.0f}")
+
+
+if __name__ == "__main__":
+    main()
