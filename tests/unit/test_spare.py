@@ -1,0 +1,81 @@
+"""SpareWorkers' own rules, on real (tiny) processes: a spare that cannot come up is retried,
+and after three young deaths in a row spares of that kind stay off; nothing is handed out
+that is not ready; a manifest with its own environment never takes a spare."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from model_boss.catalog import Catalog, load_manifests
+from model_boss.events import EventBus
+from model_boss.inference import spare as spare_module
+from model_boss.inference.backends.diffusers import DiffusersBackend
+from model_boss.inference.spare import DIFFUSERS, SpareWorkers
+from model_boss.settings import Settings
+
+
+def settings(tmp_path) -> Settings:
+    return Settings(manifests=[], tasks_file=None, state_dir=tmp_path / "state",
+                    health_timeout_s=10, stop_grace_s=1)
+
+
+async def test_a_spare_that_keeps_dying_young_turns_spares_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(spare_module, "spare_argv",
+                        lambda kind, port: [sys.executable, "-c", "import sys; sys.exit(3)"])
+    events = EventBus()
+    disabled = asyncio.Event()
+    events.listen(lambda event: event["type"] == "spare_disabled" and disabled.set())
+    spares = SpareWorkers(settings(tmp_path), events)
+    spares.replenish(DIFFUSERS)
+    await asyncio.wait_for(disabled.wait(), 30)
+    assert len(events.recent("spare_disabled")) == 1
+    assert spares.take(DIFFUSERS) is None and spares.status() == []
+    spares.replenish(DIFFUSERS)  # off now: nothing is started again
+    assert spares.status() == []
+    await spares.shutdown()
+    assert not events.recent("spare_ready")
+
+
+async def test_nothing_is_taken_before_a_spare_is_ready(tmp_path, monkeypatch):
+    monkeypatch.setattr(spare_module, "spare_argv",
+                        lambda kind, port: [sys.executable, "-c", "import time; time.sleep(30)"])
+    spares = SpareWorkers(settings(tmp_path), EventBus())
+    spares.replenish(DIFFUSERS)
+    async with asyncio.timeout(10):
+        while not any(s["pid"] for s in spares.status()):  # noqa: ASYNC110 (no event for it)
+            await asyncio.sleep(0.05)
+    [starting] = spares.status()
+    assert starting["ready"] is False
+    assert spares.take(DIFFUSERS) is None  # started, but it has not answered as a spare
+    await spares.shutdown()
+    assert spares.status() == []
+
+
+async def test_a_manifest_with_its_own_env_never_takes_a_spare(tmp_path):
+    (tmp_path / "pipe").mkdir()
+    taken: list[str] = []
+
+    class Spares:
+        def take(self, kind):
+            taken.append(kind)
+            return None
+
+        def replenish(self, kind):
+            pass
+
+    manifest_file = tmp_path / "m.yaml"
+    manifest_file.write_text(
+        f"- {{id: env-sd, category: diffusion, backend: diffusers, path: {tmp_path / 'pipe'}, "
+        f"env: {{HF_HOME: /x}}}}\n"
+        f"- {{id: plain-sd, category: diffusion, backend: diffusers, path: {tmp_path / 'pipe'}}}\n")
+    entries = Catalog(load_manifests([manifest_file]), tmp_path)
+    for model in ("env-sd", "plain-sd"):
+        backend = DiffusersBackend(entries.get(model), settings(tmp_path))
+        backend.spares = Spares()  # type: ignore[assignment]
+        backend.argv = lambda port, placement: [sys.executable, "-c", "raise SystemExit(1)"]
+        try:
+            await backend.start(1, None)
+        except Exception:  # the stand-in worker exits at once: only who asked for a spare counts
+            pass
+    assert taken == [DIFFUSERS]  # plain-sd asked; env-sd went straight to a new process
