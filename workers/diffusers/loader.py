@@ -131,6 +131,18 @@ def preimport() -> None:
     from transformers import CLIPTextModel, CLIPTokenizer  # noqa: F401
 
     _dtype_kwarg()
+    _warm_transformers()
+
+
+def _warm_transformers() -> None:
+    """transformers builds its table of checkpoint renamings (hundreds of regexes, 0.7 s here)
+    at a process's first ``from_pretrained`` of one of its models; a spare builds it ahead.
+    Best effort: a transformers without that table has nothing to warm."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return
+    get_checkpoint_conversion_mapping("clip")
 
 
 def _dtype_kwarg() -> str:
