@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess, wait_for
+from tests.conftest import ServerProcess, wait_for, worker_health
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}], "log_level": "WARNING"}
@@ -56,7 +56,7 @@ def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
     manifest = {"id": "sd", "category": "diffusion", "backend": "diffusers", "path": str(path),
                 "vram_mb": 3000}
     server = ServerProcess(workdir, dict(GPU, spare_workers=spare), [manifest]).start()
-    requests, spares = [], []
+    requests, spares, worker_loads = [], [], []
     try:
         for _ in range(rounds):
             if spare:
@@ -67,13 +67,16 @@ def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
             reply = httpx.post(server.url + "/v1/images/generations", json=IMAGE, timeout=600)
             requests.append(time.perf_counter() - started)
             assert reply.status_code == 200, reply.text
+            [slot] = server.status()["slots"]
+            worker_loads.append(worker_health(slot)["load_s"])
             unloaded = httpx.post(server.url + "/api/v1/models/sd/unload", timeout=60)
             assert unloaded.status_code == 200, unloaded.text
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
     finally:
         server.stop()
     return {"loaded": [e["seconds"] for e in events if e["type"] == "loaded"],
-            "request": requests, "used": sum(e["type"] == "spare_taken" for e in events),
+            "request": requests, "worker_load": worker_loads,
+            "used": sum(e["type"] == "spare_taken" for e in events),
             "spare_ready": [e["seconds"] for e in events if e["type"] == "spare_ready"],
             "spare_rss": [s["rss_mb"] for s in spares if s.get("rss_mb")]}
 
@@ -101,7 +104,9 @@ def main() -> None:
     rows = [
         ("warm-interpreter from_pretrained (same pipeline)", warm),
         ("cold load without the spare (load start -> READY)", med(cold["loaded"])),
+        ("  of which the worker's own from_pretrained", med(cold["worker_load"])),
         ("cold load with the spare (load start -> READY)", med(spare["loaded"])),
+        ("  of which the worker's own from_pretrained", med(spare["worker_load"])),
         ("first image without the spare (request -> image)", med(cold["request"])),
         ("first image with the spare (request -> image)", med(spare["request"])),
         ("spare start until ready (interpreter + imports)", med(spare["spare_ready"])),

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, worker_health
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}], "log_level": "WARNING",
@@ -83,15 +83,6 @@ def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
             "offload": [e["seconds"] for e in offloaded],
             "to_device": [e["worker_seconds"] for e in events if e["type"] == "onloaded"],
             "cold_start": [e["seconds"] for e in events if e["type"] == "loaded"]}
-
-
-def worker_health(slot: dict) -> dict:
-    """A worker's own /health, with the secret the coordinator gave it (in its environment)."""
-    environ = Path(f"/proc/{slot['pid']}/environ").read_bytes().split(b"\0")
-    secret = next(v.split(b"=", 1)[1].decode() for v in environ
-                  if v.startswith(b"WORKER_API_KEY="))
-    return httpx.get(f"http://127.0.0.1:{slot['port']}/health",
-                     headers={"Authorization": f"Bearer {secret}"}).json()
 
 
 def med(values: list[float]) -> float:

@@ -111,6 +111,19 @@ class ServerProcess:
             self._log.close()
 
 
+def worker_secret(pid: int) -> str:
+    """The per-worker secret the coordinator gave worker ``pid`` (in its environment)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(v.split(b"=", 1)[1].decode() for v in environ
+                if v.startswith(b"WORKER_API_KEY="))
+
+
+def worker_health(slot: dict) -> dict:
+    """A slot's worker's own ``/health`` (it answers only with its secret)."""
+    return httpx.get(f"http://127.0.0.1:{slot['port']}/health", timeout=10,
+                     headers={"Authorization": f"Bearer {worker_secret(slot['pid'])}"}).json()
+
+
 def llama_manifest(model_id: str, gguf: Path, **extra) -> dict:
     return {"id": model_id, "category": "llm", "backend": "llama-server", "path": str(gguf),
             "ctx_size": 1024, **extra}

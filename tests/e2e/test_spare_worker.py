@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.conftest import ServerProcess, pid_alive, wait_for
+from tests.conftest import ServerProcess, pid_alive, wait_for, worker_secret
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
@@ -24,12 +23,6 @@ IMAGE = {"model": "sd-a", "prompt": "x", "size": "64x64", "x_steps": 1, "x_seed"
 def ready_spare(server: ServerProcess, not_pid: int | None = None) -> dict:
     spares = server.status()["spare_workers"]
     return next((s for s in spares if s.get("ready") and s["pid"] != not_pid), None)
-
-
-def secret_of(pid: int) -> str:
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return next(v.split(b"=", 1)[1].decode() for v in environ
-                if v.startswith(b"WORKER_API_KEY="))
 
 
 def leases(server: ServerProcess) -> list[dict]:
@@ -48,8 +41,9 @@ def test_spare_is_taken_by_a_cold_load_replaced_and_dies_with_the_coordinator(tm
         assert leases(server) == [] and all(s["pid"] is None for s in server.status()["slots"])
 
         # it refuses work until it has a model, and refuses flags that are not a model's
+        secret = worker_secret(first["pid"])
         worker = httpx.Client(base_url=f"http://127.0.0.1:{first['port']}", timeout=10,
-                              headers={"Authorization": f"Bearer {secret_of(first['pid'])}"})
+                              headers={"Authorization": f"Bearer {secret}"})
         health = worker.get("/health")
         assert health.status_code == 503 and health.json()["state"] == "spare"
         refused = worker.post("/generate", json={"prompt": "x", "width": 64, "height": 64})
