@@ -76,13 +76,10 @@ class DiffusersBackend(HttpWorkerBackend):
                                                 timeout=self.settings.health_timeout_s)
             except httpx.TransportError as exc:
                 raise await self.crashed(exc) from exc
-            if reply.status_code != 200:
+            if reply.status_code != 200:  # it answers as /health would: 200 once loaded
                 detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
                 raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
                                  f"{detail.message}")
-            if not await self.health_check():
-                raise LoadFailed(f"spare worker for '{self.manifest.id}' is not healthy "
-                                 f"after its load")
         except BaseException:
             await self.stop()
             raise
