@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..cluster import FORWARDED_HEADER, forward_refusal
 from ..coordinator import Coordinator
+from ..services.clustered import FORWARDABLE
 from ..settings import Settings
 from .errors import envelope, internal_error
 from .ollama import DATA_PATHS, is_ollama_path
@@ -68,6 +69,8 @@ class AuthAndMetrics:
         if FORWARDED_HEADER in headers:  # a forward from a cluster member, or a forgery
             refusal = forward_refusal(headers, self.coord.cluster.secret
                                       if self.coord.cluster else None)
+            if refusal is None and scope["path"] not in FORWARDABLE:  # members send no other
+                refusal = "forwards are taken on inference routes only"
             if refusal is not None:
                 await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
                 return

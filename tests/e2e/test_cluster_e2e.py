@@ -167,10 +167,13 @@ def test_a_forward_without_the_secret_is_refused(members):
                               headers=headers, timeout=10)
         assert response.status_code == 403
         assert response.json()["error"]["code"] == "forward_refused"
+    member_headers = {"x-model-boss-forwarded": "b", "x-model-boss-cluster-secret": SECRET}
     ok = httpx.post(a.url + "/v1/chat/completions", json=chat("m3"), timeout=60,
-                    headers={"x-model-boss-forwarded": "b",
-                             "x-model-boss-cluster-secret": SECRET})
+                    headers=member_headers)
     assert ok.status_code == 200
+    # the secret opens inference routes only, never the admin API
+    admin = httpx.post(a.url + "/api/v1/models/m3/unload", headers=member_headers, timeout=10)
+    assert admin.status_code == 403 and admin.json()["error"]["code"] == "forward_refused"
 
 
 def test_ps_cluster_shows_every_member_and_model(members, capsys):
