@@ -1,4 +1,4 @@
-"""``model-boss serve | ps | load | unload | pin | unpin | config | leases | events``."""
+"""``model-boss serve | ps | load | unload | pin | unpin | config | leases | simulate``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 
 import httpx
 
+from . import simulate_cli
 from .errors import ConfigError
 from .ps_table import render_ps
 
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     leases.add_argument("--kind", default="external")
     leases.add_argument("--ttl-s", type=float)
     leases.add_argument("--id")
+    simulate_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "serve":
@@ -126,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return _ps(args)
     if args.command == "status":
         return _call("GET", args, "/api/v1/status")
+    if args.command == "simulate":
+        return simulate_cli.run(args)
     if args.command in ("load", "unload", "pin", "unpin"):
         return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
     if args.command == "config":

@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     max_queued_per_client: int = Field(default=200, ge=1)
     aging_s: float = Field(default=2.0, ge=0)  # waiting this long = one priority level
     fair_share: bool = True
+    fair_share_turn_s: float = Field(default=2.0, gt=0)  # due-time cost of one turn
     request_rate_horizon_s: float = Field(default=120.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)

@@ -5,14 +5,14 @@ what an operator replays is what the daemon does.
 
 With aging on (``aging_s > 0``) every request gets a *due time*::
 
-    due = submitted_at + aging_s * (priority + rank / share) - warm_credit_s
+    due = submitted_at + aging_s * priority + turn_s * rank / share - warm_credit_s
 
 and the earliest due time is served first. Priority sets how far in the future a request is
 due, so a request of priority ``p`` overtakes any request of priority 0 that arrives more than
 ``p * aging_s`` seconds after it: nothing starves. ``rank`` is how many requests of the same
-client and priority are waiting ahead of this one, divided by the client's weighted ``share``
-(fair share: a client's burst of 12 puts its own 12th request 11 aging steps back, not another
-client's single request). ``warm_credit_s`` is the reload time saved by serving a model that
+client and priority were waiting when this one arrived, divided by the client's ``share``
+(fair share: a client's burst of 12 puts its own 12th request 11 turns of ``turn_s`` back, not
+another client's single request). ``warm_credit_s`` is the reload time saved by serving a model that
 is already loaded, so queued requests for a loaded model run as one group before a swap
 (bounded: a cold request still overtakes once it has waited that long).
 
@@ -34,43 +34,42 @@ class Waiter:
     priority: int
     client_id: str
     submitted_at: float
-    share: float = 1.0
+    rank: float = 0.0  # from rank_on_arrival
 
 
 @dataclass(frozen=True, slots=True)
 class OrderPolicy:
     """``aging_s``: seconds of waiting that count as one priority level (0: strict priority).
-    ``fair_share``: interleave clients of equal priority by their weighted share."""
+    ``fair_share``: interleave clients of equal priority by their weighted share; each request
+    a client already has waiting ahead puts the next ``turn_s`` seconds later."""
 
     aging_s: float = 2.0
     fair_share: bool = True
+    turn_s: float = 2.0
 
 
 STRICT = OrderPolicy(aging_s=0.0, fair_share=False)
 
 
-def client_ranks(waiters: Iterable[Waiter]) -> dict[int, float]:
-    """``id(waiter) -> rank / share``: how many of its client's requests of the same priority
-    wait ahead of it (by submission), scaled by the client's share."""
-    seen: dict[tuple[str, int], int] = {}
-    ranks: dict[int, float] = {}
-    for waiter in sorted(waiters, key=lambda w: w.submitted_at):
-        key = (waiter.client_id, waiter.priority)
-        rank = seen.get(key, 0)
-        seen[key] = rank + 1
-        ranks[id(waiter)] = rank / max(waiter.share, 1e-6)
-    return ranks
+def rank_on_arrival(waiting: Iterable[Waiter], client_id: str, priority: int,
+                    share: float = 1.0) -> float:
+    """A new request's fair-share rank: how many requests of the same client and priority
+    already wait, over the client's share. Fixed at arrival, so the requests of a burst keep
+    their places as earlier ones are served, and a client's offset never exceeds its own
+    backlog (bounded by its queue limit)."""
+    ahead = sum(1 for w in waiting if w.client_id == client_id and w.priority == priority)
+    return ahead / max(share, 1e-6)
 
 
-def order_key(waiter: Waiter, *, rank: float, warm_credit_s: float,
-              policy: OrderPolicy) -> tuple[float, ...]:
-    """The sort key of one waiter (smaller goes first); ``rank`` from :func:`client_ranks`
-    (0 when fair share is off), ``warm_credit_s`` > 0 when its model is loaded."""
-    if not policy.fair_share:
-        rank = 0.0
+def order_key(waiter: Waiter, *, warm_credit_s: float, policy: OrderPolicy,
+              ) -> tuple[float, ...]:
+    """The sort key of one waiter (smaller goes first); ``warm_credit_s`` > 0 when its model
+    is loaded."""
+    rank = waiter.rank if policy.fair_share else 0.0
     if policy.aging_s <= 0:
         return (waiter.priority, rank, 0.0 if warm_credit_s > 0 else 1.0, waiter.submitted_at)
-    due = waiter.submitted_at + policy.aging_s * (waiter.priority + rank) - warm_credit_s
+    due = (waiter.submitted_at + policy.aging_s * waiter.priority + policy.turn_s * rank
+           - warm_credit_s)
     return (due, waiter.submitted_at)
 
 
@@ -78,11 +77,8 @@ def serving_order(waiters: Iterable[Waiter], warm_credit_s: Mapping[str, float],
                   policy: OrderPolicy) -> list[Waiter]:
     """``waiters`` in the order they are served. ``warm_credit_s``: model id → the reload
     seconds saved by serving it now (present only for loaded models)."""
-    items = list(waiters)
-    ranks = client_ranks(items) if policy.fair_share else {}
-    return sorted(items, key=lambda w: order_key(
-        w, rank=ranks.get(id(w), 0.0), warm_credit_s=warm_credit_s.get(w.model_id, 0.0),
-        policy=policy))
+    return sorted(waiters, key=lambda w: order_key(
+        w, warm_credit_s=warm_credit_s.get(w.model_id, 0.0), policy=policy))
 
 
 def effective_priority(priority: int, waited_s: float, policy: OrderPolicy) -> int:

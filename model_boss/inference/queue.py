@@ -30,9 +30,9 @@ from ..errors import (
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
-from .ordering import OrderPolicy, Waiter, effective_priority, serving_order
+from .ordering import OrderPolicy, Waiter, effective_priority, rank_on_arrival, serving_order
 from .owner import SlotOwner
-from .planner import Never, Wait
+from .planner import Evict, Never, Wait
 from .pool import ModelPool
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
@@ -57,6 +57,7 @@ class QueuedRequest:
     max_concurrency: int | None = None
     max_queued: int | None = None  # the client's own limit on waiting requests
     share: float = 1.0  # fair-share weight among clients of equal priority
+    rank: float = 0.0  # fair-share rank, fixed when it joins the queue
     submitted_at: float = field(default_factory=time.time)
     deadline: float = 0.0
     request_id: str = field(default_factory=lambda: "req-" + uuid.uuid4().hex[:16])
@@ -66,7 +67,7 @@ class QueuedRequest:
     @property
     def waiter(self) -> Waiter:
         return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
-                      self.share)
+                      self.rank)
 
 
 class SlotTicket:
@@ -100,9 +101,11 @@ class InferenceQueue:
         self._pending: list[QueuedRequest] = []
         self._wake = asyncio.Event()
         self._in_flight_by_client: dict[str, int] = {}
+        self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
         self.granted_total = 0
         self.order_policy = OrderPolicy(aging_s=settings.aging_s,
-                                        fair_share=settings.fair_share)
+                                        fair_share=settings.fair_share,
+                                        turn_s=settings.fair_share_turn_s)
         self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
         pool.on_change = self.wake
         pool.wanted = self.wanted_models
@@ -134,6 +137,8 @@ class InferenceQueue:
         if request.budget_s is not None:
             wait_cap = min(wait_cap, request.budget_s)
         request.deadline = request.submitted_at + wait_cap
+        request.rank = rank_on_arrival((r.waiter for r in self._pending), request.client_id,
+                                       request.priority, request.share)
         self._pending.append(request)
         self.requestors.submitted(request.client_id)
         if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
@@ -295,7 +300,8 @@ class InferenceQueue:
     async def dispatch(self) -> None:
         """One pass over the waiting requests, most important first."""
         now = time.time()
-        draining: set[str] = set()  # slots a more important waiter needs to go idle
+        # slots a waiter ahead needs to go idle, and those a load under way is evicting
+        draining: set[str] = {m for victims in self._evicting.values() for m in victims}
         considered: set[str] = set()
         for request in self.ordered():
             if request.future.done():
@@ -331,6 +337,10 @@ class InferenceQueue:
                 draining.update(decision.blocking)
             else:  # the owner joins a load already in flight instead of starting a second
                 task = owner.start_load(priority)
+                if task is not None and isinstance(decision, Evict):
+                    # no new grants on what this load evicts until it is done
+                    self._evicting[request.model_id] = decision.victims
+                    draining.update(decision.victims)
                 if task is not None:
                     task.add_done_callback(
                         lambda t, model=request.model_id: self._load_done(model, t))
@@ -345,6 +355,8 @@ class InferenceQueue:
                                 f"{waited:.0f}s", retry_after_s=10)
 
     def _load_done(self, model_id: str, task: asyncio.Task) -> None:
+        if self._evicting.pop(model_id, None):
+            self.wake()
         if task.cancelled():
             return
         exc = task.exception()

@@ -22,7 +22,14 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from .eviction import SlotView
-from .ordering import STRICT, OrderPolicy, Waiter, effective_priority, serving_order
+from .ordering import (
+    STRICT,
+    OrderPolicy,
+    Waiter,
+    effective_priority,
+    rank_on_arrival,
+    serving_order,
+)
 from .planner import Demand, Evict, Fit, Snapshot, plan
 from .rates import RequestRates
 
@@ -121,8 +128,11 @@ class _Run:
         while arrived < len(self.requests) or waiting:
             while arrived < len(self.requests) and self.requests[arrived].arrival <= t:
                 req = self.requests[arrived]
+                rank = rank_on_arrival((waiters[id(r)] for r in waiting), req.client,
+                                       req.priority)
                 waiting.append(req)
-                waiters[id(req)] = Waiter(req.model, req.priority, req.client, req.arrival)
+                waiters[id(req)] = Waiter(req.model, req.priority, req.client, req.arrival,
+                                          rank)
                 arrived += 1
             if not waiting:
                 t = self.requests[arrived].arrival

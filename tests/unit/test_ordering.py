@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from model_boss.inference.ordering import (
@@ -9,6 +11,7 @@ from model_boss.inference.ordering import (
     OrderPolicy,
     Waiter,
     effective_priority,
+    rank_on_arrival,
     serving_order,
     wait_bound_s,
 )
@@ -17,12 +20,18 @@ AGING = OrderPolicy(aging_s=2.0)
 
 
 def w(tag, priority=5, at=0.0, client="c", model="m", share=1.0):
-    return Waiter(model, priority, client, at, share), tag
+    return Waiter(model, priority, client, at), tag, share
 
 
 def order(items, policy=AGING, warm=None):
-    tags = {id(waiter): tag for waiter, tag in items}
-    return [tags[id(x)] for x in serving_order([x for x, _ in items], warm or {}, policy)]
+    """Queue ``items`` in arrival order (each ranked on arrival), then order them."""
+    queued, tags = [], {}
+    for waiter, tag, share in sorted(items, key=lambda item: item[0].submitted_at):
+        ranked = replace(waiter, rank=rank_on_arrival(queued, waiter.client_id,
+                                                      waiter.priority, share))
+        queued.append(ranked)
+        tags[id(ranked)] = tag
+    return [tags[id(x)] for x in serving_order(queued, warm or {}, policy)]
 
 
 @pytest.mark.parametrize("case, items, warm, policy, expected", [
@@ -39,6 +48,9 @@ def order(items, policy=AGING, warm=None):
     ("fair share: a single request after another client's burst is second",
      [*[w(f"burst{i}", 5, i * 0.001, "flood") for i in range(12)], w("single", 5, 0.5, "b")],
      {}, AGING, ["burst0", "single", *[f"burst{i}" for i in range(1, 12)]]),
+    ("turns do not shrink with faster aging",
+     [*[w(f"burst{i}", 5, i * 0.001, "flood") for i in range(4)], w("single", 5, 0.5, "b")],
+     {}, OrderPolicy(aging_s=0.25), ["burst0", "single", "burst1", "burst2", "burst3"]),
     ("without fair share the burst goes first",
      [*[w(f"burst{i}", 5, i * 0.001, "flood") for i in range(3)], w("single", 5, 0.5, "b")],
      {}, OrderPolicy(aging_s=2.0, fair_share=False), ["burst0", "burst1", "burst2", "single"]),
@@ -75,6 +87,17 @@ def test_serving_order(case, items, warm, policy, expected):
 ])
 def test_effective_priority(priority, waited, policy, expected):
     assert effective_priority(priority, waited, policy) == expected
+
+
+def test_ranks_are_fixed_on_arrival_so_a_burst_keeps_its_places():
+    burst = []
+    for i in range(12):
+        burst.append(Waiter("m", 5, "flood", i * 0.001,
+                            rank_on_arrival(burst, "flood", 5)))
+    single = Waiter("m", 5, "single", 1.5, rank_on_arrival(burst, "single", 5))
+    remaining = burst[3:]  # three of the burst were served meanwhile
+    ordered = serving_order([*remaining, single], {}, AGING)
+    assert ordered.index(single) <= 1  # only burst-3 (due at +6 s) may still be ahead
 
 
 def test_wait_bound_with_one_second_loads():

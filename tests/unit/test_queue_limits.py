@@ -89,3 +89,40 @@ async def test_an_aged_request_evicts_an_idle_model_a_more_important_client_used
         assert coord.pool.slots["a"].state == SlotState.IDLE
     finally:
         await coord.stop()
+
+
+async def test_priority_9_gets_through_endless_priority_0_traffic_within_the_bound(tmp_path):
+    from model_boss.inference.ordering import wait_bound_s
+
+    coord, _ = coordinator(tmp_path, [manifest("a"), manifest("b")], aging_s=0.2)
+    await coord.start()
+    stop = asyncio.Event()
+    served_a = []
+
+    async def interactive(client):
+        while not stop.is_set():
+            ticket = await coord.queue.acquire(
+                QueuedRequest(model_id="a", priority=0, client_id=client))
+            await asyncio.sleep(0.05)
+            ticket.release()
+            served_a.append(time.monotonic())
+
+    floods = [asyncio.create_task(interactive(f"c{i}")) for i in range(3)]
+    try:
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        ticket = await asyncio.wait_for(coord.queue.acquire(
+            QueuedRequest(model_id="b", priority=9, client_id="batch")), 10)
+        waited = time.monotonic() - started
+        ticket.release()
+        await asyncio.sleep(0.3)
+        assert any(t > started + waited for t in served_a)  # A's traffic went on after
+    finally:
+        stop.set()
+        for task in floods:
+            task.cancel()
+        await asyncio.gather(*floods, return_exceptions=True)
+        await coord.stop()
+    bound = wait_bound_s(9, most_important=0, aging_s=0.2, warm_credit_s=1.0, drain_s=0.05,
+                         load_s=0.1)
+    assert 9 * 0.2 <= waited <= bound + 0.5, (waited, bound)

@@ -62,3 +62,31 @@ def test_a_bad_log_line_is_a_clear_error(tmp_path):
     log.write_text('{"model": "a"}\n')
     with pytest.raises(BadRequest, match="log.jsonl:1"):
         jsonl_trace(log, capacity_mb=16384)
+
+
+def test_simulate_command_prints_belady_waits_and_what_ifs(tmp_path, capsys):
+    from model_boss.cli import main
+
+    log = tmp_path / "requests.jsonl"
+    rows = [{"timestamp": 50 + i * 4, "model": m, "priority": p, "duration": 3,
+             "size_mb": 9000, "client_id": "c", "ok": True}
+            for i, (m, p) in enumerate([("a", 0), ("b", 9), ("c", 5)] * 8)]
+    log.write_text("\n".join(json.dumps(row) for row in rows))
+    assert main(["simulate", "--trace", str(log), "--gpus", "16G"]) == 0
+    out = capsys.readouterr().out
+    assert "24 requests, 3 models, 16384 MB" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert {"today", "model-boss", "belady"} <= set(lines)
+    assert lines["belady"].split()[2] == "1.00"
+    assert "p9 wait p50/p95 s" in out
+    assert "keep-alive 60 s" in out and "VRAM 32768 MB" in out
+
+
+@pytest.mark.parametrize("gpus, message", [("abc", "not a VRAM size"), ("0", "more than 0")])
+def test_simulate_command_refuses_bad_input(tmp_path, capsys, gpus, message):
+    from model_boss.cli import main
+
+    log = tmp_path / "requests.jsonl"
+    log.write_text('{"timestamp": 1, "model": "a", "duration": 1}\n')
+    assert main(["simulate", "--trace", str(log), "--gpus", gpus]) == 2
+    assert message in capsys.readouterr().out
