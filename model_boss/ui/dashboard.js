@@ -409,13 +409,15 @@ function modelRows() {
 
 function placementText(slot) {
   const p = slot?.placement;
-  if (!p || slot.tier !== "gpu") return slot?.tier === "cpu" ? "CPU RAM (offloaded)" : "—";
+  const onGpu = slot?.tier === "gpu" || slot?.state === "loading";  // a load holds its lease
+  if (!p || !onGpu) return slot?.tier === "cpu" ? "CPU RAM (offloaded)" : "—";
   const gpus = Object.entries(p.allocations).map(([i, mb]) => `GPU ${i} ${fmtMB(mb)}`).join(", ");
   const layers = p.gpu_layers === null || p.gpu_layers === undefined
     ? "all layers" : `${p.gpu_layers}/${p.total_layers} layers`;
   const split = p.tensor_split?.length ? ` · split ${p.tensor_split.join("/")}` : "";
   // the processor split as `ollama ps` tells it (declared GPUs marked), where the server says
-  const where = slot.processor?.label || p.share;
+  const label = slot.processor?.label;
+  const where = label && label !== "-" ? label : p.share;  // "-": not placed yet (loading)
   return `${gpus} · ${p.kind} · ${layers} on GPU · ${where}${split}`;
 }
 

@@ -56,6 +56,17 @@ def page(browser):
     context.close()
 
 
+# Records each load stage the page shows on one model's card, in order.
+STAGE_WATCH = """model => {
+  window.stagesSeen = [];
+  new MutationObserver(() => {
+    const shown = document.querySelector(`article.model[data-model='${model}'] .progress`);
+    const stage = shown?.dataset.stage;
+    if (stage && window.stagesSeen.at(-1) !== stage) window.stagesSeen.push(stage);
+  }).observe(document.getElementById("model-list"), {subtree: true, childList: true});
+}"""
+
+
 def card(page, model: str):
     return page.locator(f"article.model[data-model='{model}']")
 
@@ -84,8 +95,15 @@ def test_load_from_the_page_and_updates_from_events(page, server):
     expect(page.locator("#live")).to_have_text("live")
     page.evaluate("window.notReloaded = true")
 
+    page.evaluate(STAGE_WATCH, "smol-a")
     page.get_by_role("button", name="Load smol-a", exact=True).click()
+    # load_progress events: the stage shows while it loads, and "ready" for a while after
+    expect(card(page, "smol-a").locator(".progress")).to_be_visible()
     expect(card(page, "smol-a")).to_have_attribute("data-state", "ready", timeout=LOAD_S)
+    page.wait_for_function("window.stagesSeen.includes('ready')")
+    stages = page.evaluate("window.stagesSeen")
+    assert stages[-1] == "ready" and set(stages) <= {"leasing", "starting", "loading",
+                                                      "warming", "ready"}, stages
     expect(card(page, "smol-a").locator(".placement")).to_contain_text("GPU 0")
     expect(card(page, "smol-a").locator(".placement")).to_contain_text("all layers on GPU")
     expect(card(page, "smol-a").locator(".placement")).to_contain_text("100% GPU (declared)")
@@ -103,6 +121,8 @@ def test_load_from_the_page_and_updates_from_events(page, server):
     expect(card(page, "smol-b")).to_have_attribute("data-state", "ready", timeout=LOAD_S)
     assert page.evaluate("window.notReloaded") is True
 
+    page.select_option("#event-type", "load_progress")
+    expect(page.locator("#event-table tbody tr").first).to_contain_text("stage=ready")
     page.select_option("#event-type", "loaded")
     rows = page.locator("#event-table tbody tr")
     expect(rows).to_have_count(2)
@@ -140,6 +160,7 @@ def test_queue_and_outside_lease(page, server):
         expect(row).to_contain_text("queue-test", timeout=15_000)
         expect(row.locator("td").nth(2)).to_have_text("3")
         expect(card(page, "smol-a").locator(".requests")).to_contain_text("1 queued")
+        expect(row).to_contain_text("/v1/chat/completions")  # from GET /api/v1/queue
         client.close()  # the client goes away: it leaves the queue, and the page says so
         expect(page.locator("#queue-table tbody")).to_contain_text("Nothing waiting.",
                                                                  timeout=15_000)
