@@ -154,7 +154,7 @@ async def test_worker_exit_returns_slot_to_idle(coord_two):
     backend.on_exit(-9)
     slot = coord.pool.slots["a"]
     async with asyncio.timeout(10):  # the exit is handled in a task of its own
-        while slot.state != SlotState.IDLE or (await coord.boss.usage())[0].leased_mb:
+        while slot.state != SlotState.IDLE or (await coord.boss.usage())[0].leased_mb:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     assert "exited unexpectedly" in slot.last_error
     await run(coord, "a")
