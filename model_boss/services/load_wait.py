@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +59,23 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
         await _cancel(work)
         raise
     assert line is not None and model is not None
-    return Served(200, {MODEL_HEADER: model}, "text/event-stream",
-                  chunks=_comments_then(coord, work, feed, rid, line))
+    started: list[bool] = []
+    chunks = _comments_then(coord, work, feed, rid, line, started)
+    # a stream dropped before its first chunk (the client went as the answer began) runs no
+    # clean-up of its own: then the request is cancelled when the stream is collected
+    weakref.finalize(chunks, _never_streamed, coord, work, feed, started).atexit = False
+    return Served(200, {MODEL_HEADER: model}, "text/event-stream", chunks=chunks)
+
+
+def _never_streamed(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queue,
+                    started: list[bool]) -> None:
+    if started:
+        return
+    coord.events.unsubscribe(feed)
+    if not work.done():
+        work.cancel()  # leaves the queue; an answer not yet begun is never asked for
+    elif not work.cancelled() and work.exception() is None and work.result().chunks:
+        coord.pool.spawn(_discard(work.result().chunks))
 
 
 def loading_line(coord: Coordinator, request_id: str) -> tuple[str | None, bytes | None]:
@@ -85,7 +101,8 @@ def _waiting_line(coord: Coordinator, request_id: str) -> bytes | None:
 
 
 async def _comments_then(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queue,
-                         rid: str, first: bytes) -> AsyncIterator[bytes]:
+                         rid: str, first: bytes, started: list[bool]) -> AsyncIterator[bytes]:
+    started.append(True)
     served: Served | None = None
     try:
         yield first

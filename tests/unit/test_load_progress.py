@@ -363,3 +363,29 @@ async def test_a_stream_whose_load_fails_after_it_started_ends_with_an_sse_error
         assert "weights are corrupt" in error["message"]
     finally:
         await coord.stop()
+
+
+async def test_a_stream_dropped_before_its_first_chunk_leaves_the_queue(reporting):
+    """The client went as the answer began: the stream is never iterated, yet the request
+    leaves the queue and the load nobody waits for is cancelled."""
+    import gc
+
+    from model_boss.services import Extensions, serve_streaming
+
+    coord, gates, _ = reporting
+    coord.settings.load_comments_after_s = 0.0
+    gates.hold("start")
+    served = await asyncio.wait_for(serve_streaming(
+        coord, "/v1/chat/completions",
+        {"model": "p", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        Extensions()), 2)
+    assert served.chunks is not None and coord.queue.depth == 1
+    del served
+    gc.collect()
+    for _ in range(100):
+        if coord.queue.depth == 0 and not coord.pool.owners["p"].busy:
+            break
+        await asyncio.sleep(0.01)
+    assert coord.queue.depth == 0 and coord.pool.owners["p"].waiters == 0
+    assert coord.events.recent(kind="load_cancelled", model="p")
+    assert coord.pool.slots["p"].state == S.IDLE and await coord.boss.leases() == []
