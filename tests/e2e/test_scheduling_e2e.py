@@ -46,7 +46,6 @@ def learned(server, model) -> dict:
 
 
 def test_priority_9_is_served_within_the_bound_while_priority_0_traffic_goes_on(server):
-    assert chat(server, "model-b", "warmup").status_code == 200  # learn B's load time
     assert chat(server, "model-a", "warmup").status_code == 200
     stop = threading.Event()
     a_done: list[float] = []
@@ -91,20 +90,25 @@ def test_a_single_request_after_another_clients_burst_is_among_the_first_few(ser
     lock = threading.Lock()
 
     def one(client, tag):
-        response = chat(server, "model-a", client)
+        response = chat(server, "model-a", client, tokens=16)
         assert response.status_code == 200, response.text
         with lock:
             finished.append(tag)
 
     with ThreadPoolExecutor(13) as pool:
         burst = [pool.submit(one, "flood", f"burst-{i}") for i in range(12)]
-        wait_for(lambda: server.status()["queue"]["depth"] >= 8, 10)
+        wait_for(lambda: server.status()["queue"]["depth"] >= 4, 10)
         time.sleep(0.5 - 0.1)
+        with lock:
+            done_before = len(finished)
         single = pool.submit(one, "single", "single")
         for future in [*burst, single]:
             future.result()
     assert len(finished) == 13
-    assert finished.index("single") < 5, finished  # was 13th of 13 without fair share
+    # of the burst still there when it came, only the one running, the first waiting and
+    # (on a slow box, where it came over fair_share_turn_s later) the next finish before it;
+    # first come, first served made it the last of all
+    assert finished.index("single") - done_before <= 3, (done_before, finished)
 
 
 def test_max_concurrency_makes_the_rest_wait_and_max_queued_answers_429(server):
