@@ -87,7 +87,8 @@ def test_every_name_of_a_model_reaches_it(client, server):
 
 def test_chat_streams_ndjson_pieces_then_the_closing_line(client):
     chunks = list(client.chat(model="smollm2:135m", messages=HI, options=SMALL, stream=True))
-    assert len(chunks) > 2 and all(not c.done for c in chunks[:-1])
+    # pieces, then the closing line (the model may stop after one token)
+    assert len(chunks) >= 2 and all(not c.done for c in chunks[:-1])
     last = chunks[-1]
     assert last.done and last.done_reason in ("stop", "length") and last.eval_count <= 4
     assert last.eval_duration > 0 and last.prompt_eval_count > 5

@@ -249,7 +249,9 @@ def test_stop_ends_the_answer_at_the_stop_string(client):
 def test_logprobs_and_top_logprobs(client):
     reply = chat(client, logprobs=True, top_logprobs=3, max_tokens=3)
     tokens = reply.choices[0].logprobs.content
-    assert len(tokens) == 3 and all(len(t.top_logprobs) == 3 for t in tokens)
+    # one entry per token, except that llama.cpp reports a character whose UTF-8 bytes span
+    # several tokens (an emoji) as one entry
+    assert 1 <= len(tokens) <= 3 and all(len(t.top_logprobs) == 3 for t in tokens)
     assert all(t.logprob <= 0 for t in tokens)
     chunks = streamed(client, logprobs=True, top_logprobs=2, max_tokens=3)
     streamed_tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
