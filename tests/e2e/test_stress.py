@@ -26,7 +26,7 @@ from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
 
-DURATION_S = float(os.environ.get("MODEL_BOSS_STRESS_S", "60"))
+DURATION_S = float(os.environ.get("MODEL_BOSS_STRESS_S", "30"))  # longer runs: set it
 GPU_MB = 4096
 MARGIN_MB = 512
 SERVING_STATES = ("ready", "draining")
