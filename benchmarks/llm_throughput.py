@@ -9,9 +9,10 @@ gives each stream's completion tokens; ``ignore_eos`` makes every answer ``--tok
 
 Cold start: the time from nothing running to the first streamed token — starting the native
 server by hand and asking it, against asking model-boss for a model it has not loaded (its
-worker start + load + first token). Medians over ``--runs``. Prints one table. Loopback only.
+worker start + load + first token). Direct and through model-boss are measured in turns,
+medians over ``--runs``. Prints one table. Loopback only.
 
-    .venv/bin/python benchmarks/llm_throughput.py [--tokens 64] [--runs 3]
+    .venv/bin/python benchmarks/llm_throughput.py [--tokens 64] [--runs 5]
 """
 
 from __future__ import annotations
@@ -103,10 +104,8 @@ async def tokens_per_second(url: str, headers: dict, model: str, clients: int,
     return sum(count for count, _ in results) / elapsed
 
 
-def measure(url: str, headers: dict, model: str, tokens: int, runs: int) -> dict[int, float]:
-    return {n: statistics.median(asyncio.run(tokens_per_second(url, headers, model, n, tokens))
-                                 for _ in range(runs))
-            for n in (1, PARALLEL)}
+def tps(url: str, headers: dict, model: str, clients: int, tokens: int) -> float:
+    return asyncio.run(tokens_per_second(url, headers, model, clients, tokens))
 
 
 def cold_native(gguf: Path) -> float:
@@ -141,20 +140,17 @@ def cold_through(server: ServerProcess, model: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     gguf = DEMO_GGUF  # scripts/setup.sh fetched it
-    rows: list[tuple[str, dict[int, float] | None]] = []
-
+    # direct and through model-boss are measured in turns (which goes first alternates from
+    # run to run), so drift on a shared machine falls on both; the ratio is the median of each
+    # run's own ratio
+    direct: dict[int, list[float]] = {1: [], PARALLEL: []}
+    through: dict[int, list[float]] = {1: [], PARALLEL: []}
+    cold_alone: list[float] = []
+    cold_mb: list[float] = []
     proc, url, headers = start_native(gguf, PARALLEL)
-    try:
-        wait_for(lambda: healthy(url, headers), timeout=120)
-        rows.append(("direct: native llama.cpp server", measure(url, headers, "x",
-                                                                args.tokens, args.runs)))
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp), {"gpus": [{"index": 0, "name": "sim-8g",
                                                      "vram_mb": 8192}]},
@@ -162,39 +158,56 @@ def main() -> None:
                                                ctx_size=1024 * PARALLEL),
                                 llama_manifest("cold", gguf, vram_mb=2000)]).start()
         try:
-            rows.append(("through model-boss (native worker)",
-                         measure(server.url, {}, "smol", args.tokens, args.runs)))
-            cold_mb = statistics.median(cold_through(server, "cold") for _ in range(args.runs))
+            wait_for(lambda: healthy(url, headers), timeout=120)
+            for run in range(args.runs):
+                for n in (1, PARALLEL):
+                    sides = [(direct, url, headers, "x"), (through, server.url, {}, "smol")]
+                    for figures, base, auth, model in sides[::1 if run % 2 else -1]:
+                        figures[n].append(tps(base, auth, model, n, args.tokens))
+                pair = [(cold_alone, lambda: cold_native(gguf)),
+                        (cold_mb, lambda: cold_through(server, "cold"))]
+                for figures, measure_cold in pair[::1 if run % 2 else -1]:
+                    figures.append(measure_cold())
         finally:
             server.stop()
-    cold_alone = statistics.median(cold_native(gguf) for _ in range(args.runs))
+            proc.terminate()
+            proc.wait(30)
 
+    other = None
     if importlib.util.find_spec("llama_cpp") is not None:
         proc, url, headers = start_llama_cpp_python(gguf, PARALLEL)
         try:
             wait_for(lambda: healthy(url, headers), timeout=120)
-            rows.append(("llama_cpp.server (llama-cpp-python)",
-                         measure(url, headers, "x", args.tokens, args.runs)))
+            other = {n: [tps(url, headers, "x", n, args.tokens) for _ in range(args.runs)]
+                     for n in (1, PARALLEL)}
         finally:
             proc.terminate()
             proc.wait(30)
-    else:
-        rows.append(("llama_cpp.server (llama-cpp-python)", None))
 
-    direct = rows[0][1]
-    assert direct is not None
-    print(f"SmolLM2-135M Q4_1, {args.tokens} tokens per answer, median of {args.runs} runs, "
-          f"{os.cpu_count()} CPU cores")
+    med = statistics.median
+
+    def ratio(a: list[float], b: list[float]) -> float:
+        return med(x / y for x, y in zip(a, b, strict=True))
+
+    print(f"SmolLM2-135M Q4_1, {args.tokens} tokens per answer, medians of {args.runs} runs "
+          f"taken in turns, {os.cpu_count()} CPU cores")
     print(f"{'tokens/s':<40}{'1 client':>10}{'x direct':>10}{'8 clients':>11}{'x direct':>10}")
-    for name, figures in rows:
-        if figures is None:
-            print(f"{name:<40}{'not installed':>41}")
-            continue
-        print(f"{name:<40}{figures[1]:>10.1f}{figures[1] / direct[1]:>10.2f}"
-              f"{figures[PARALLEL]:>11.1f}{figures[PARALLEL] / direct[PARALLEL]:>10.2f}")
+    print(f"{'direct: native llama.cpp server':<40}{med(direct[1]):>10.1f}{1.0:>10.2f}"
+          f"{med(direct[PARALLEL]):>11.1f}{1.0:>10.2f}")
+    print(f"{'through model-boss (native worker)':<40}{med(through[1]):>10.1f}"
+          f"{ratio(through[1], direct[1]):>10.2f}{med(through[PARALLEL]):>11.1f}"
+          f"{ratio(through[PARALLEL], direct[PARALLEL]):>10.2f}")
+    name = "llama_cpp.server (llama-cpp-python)"
+    if other is None:
+        print(f"{name:<40}{'not installed':>41}")
+    else:  # measured after the others, not in turns: its ratio is of medians
+        print(f"{name:<40}{med(other[1]):>10.1f}{med(other[1]) / med(direct[1]):>10.2f}"
+              f"{med(other[PARALLEL]):>11.1f}"
+              f"{med(other[PARALLEL]) / med(direct[PARALLEL]):>10.2f}")
     print(f"{'cold start to first token (s)':<40}{'seconds':>10}{'x alone':>10}")
-    print(f"{'native server started by hand':<40}{cold_alone:>10.3f}{1.0:>10.2f}")
-    print(f"{'through model-boss (not loaded)':<40}{cold_mb:>10.3f}{cold_mb / cold_alone:>10.2f}")
+    print(f"{'native server started by hand':<40}{med(cold_alone):>10.3f}{1.0:>10.2f}")
+    print(f"{'through model-boss (not loaded)':<40}{med(cold_mb):>10.3f}"
+          f"{ratio(cold_mb, cold_alone):>10.2f}")
 
 
 if __name__ == "__main__":
