@@ -13,6 +13,10 @@ the models it waits for. Baselines:
   least recently used);
 - ``belady``: FIFO order, evict the model whose next use is farthest away (the offline
   optimum for cold loads under FIFO order).
+
+``known-rates`` (:data:`KNOWN_RATES`, a reference, not a baseline) is ``model-boss`` told each
+model's true request rate over the whole trace instead of the learned recent one: the best a
+rate-based prediction can do, which bounds what better rate estimates could still gain.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class SimPolicy:
     evictor: str = "planner"  # planner | lru | belady | one-at-a-time
     look_ahead: bool = False
     stay_warm_s: float = STAY_WARM_S
+    known_rates: bool = False  # each model's rate over the whole trace (a reference bound)
 
 
 TODAY = SimPolicy("today", STRICT)
@@ -78,11 +83,13 @@ MODEL_BOSS = SimPolicy("model-boss", OrderPolicy(), look_ahead=True)
 BASELINES = [SimPolicy("one-at-a-time", evictor="one-at-a-time"),
              SimPolicy("lru", evictor="lru"), SimPolicy("belady", evictor="belady")]
 POLICIES = [TODAY, MODEL_BOSS, *BASELINES]
+KNOWN_RATES = SimPolicy("known-rates", OrderPolicy(), look_ahead=True, known_rates=True)
 
 
 @dataclass
 class Result:
     cold_loads: int = 0
+    load_s: float = 0.0  # seconds spent in cold loads
     inversions: int = 0
     peak_mb: int = 0
     waits: dict[int, list[float]] = field(default_factory=dict)
@@ -116,7 +123,8 @@ class _Run:
         for r in self.requests:
             self.future.setdefault(r.model, []).append(r.arrival)
         self.resident: dict[str, _Resident] = {}
-        self.rates = RequestRates()
+        self.rates: RequestRates | _KnownRates = (
+            _KnownRates(self.requests) if policy.known_rates else RequestRates())
         self.result = Result()
 
     def used(self) -> int:
@@ -150,6 +158,7 @@ class _Run:
             waiting.remove(chosen)
             if chosen.model not in self.resident:
                 self.result.cold_loads += 1
+                self.result.load_s += self.trace.load_time(chosen.model)
                 t += self.trace.load_time(chosen.model)
                 self.resident[chosen.model] = _Resident(t, chosen.priority)
             self.result.peak_mb = max(self.result.peak_mb, self.used())
@@ -229,6 +238,22 @@ class _Run:
         if any(o is not chosen and o.priority < chosen.priority and o.arrival <= chosen.arrival
                for o in waiting):
             self.result.inversions += 1
+
+
+class _KnownRates:
+    """Each model's mean request rate over the whole trace (what no online policy knows)."""
+
+    def __init__(self, requests: list[SimRequest]) -> None:
+        span = max((r.arrival for r in requests), default=0.0) or 1.0
+        self._rates: dict[str, float] = {}
+        for r in requests:
+            self._rates[r.model] = self._rates.get(r.model, 0.0) + 1.0 / span
+
+    def record(self, model_id: str, now: float) -> None:
+        pass
+
+    def rate(self, model_id: str, now: float) -> float:
+        return self._rates.get(model_id, 0.0)
 
 
 def with_settings(policy: SimPolicy, *, stay_warm_s: float | None = None) -> SimPolicy:
