@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # llama_server_binary is set, else native
     llama_worker: Literal["native", "binary", "llama-cpp-python"] | None = None
     api_key: str | None = None
+    # named user keys: client name → key; a request with one is that client (docs/CONFIGURATION.md)
+    api_keys: dict[Annotated[str, Field(min_length=1, max_length=200)],
+                   Annotated[SecretStr, Field(min_length=1)]] = Field(default_factory=dict)
     admin_api_key: str | None = None
     allow_cloud_fallback: bool = True
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
@@ -153,6 +156,35 @@ class Settings(BaseSettings):
                 raise ValueError("cluster_member_ttl_s must be longer than "
                                  "cluster_heartbeat_s")
         return self
+
+    @field_validator("api_keys")
+    @classmethod
+    def _client_names_travel_as_headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for client in value:
+            if not all("!" <= ch <= "~" for ch in client):
+                raise ValueError(f"client name {client!r}: visible ASCII only, no spaces (it "
+                                 "is the request's X-Client-Id)")
+        return value
+
+    @model_validator(mode="after")
+    def _keys_are_distinct(self) -> Settings:
+        seen: dict[str, str] = {}
+        if self.api_key:
+            seen[self.api_key] = "api_key"
+        if self.admin_api_key:
+            seen[self.admin_api_key] = "admin_api_key"
+        for client, secret in self.api_keys.items():
+            key = secret.get_secret_value()
+            if key in seen:
+                raise ValueError(f"api_keys.{client}: the same key as {seen[key]}; "
+                                 "each client needs its own")
+            seen[key] = f"api_keys.{client}"
+        return self
+
+    @property
+    def user_keys_set(self) -> bool:
+        """Whether ``/v1/*`` needs a key (``api_key`` or any of ``api_keys``)."""
+        return bool(self.api_key or self.api_keys)
 
     @property
     def member_id(self) -> str:

@@ -3,19 +3,17 @@ and request metrics. The body limits are in :mod:`.limits`."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 
-from fastapi.responses import Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..cluster import FORWARDED_HEADER, forward_refusal
 from ..coordinator import Coordinator
 from ..services.clustered import FORWARDABLE
-from ..settings import Settings
 from .errors import envelope, internal_error
+from .keys import check_key, given_key, with_client
 from .ollama import DATA_PATHS, is_ollama_path
 
 log = logging.getLogger(__name__)
@@ -74,11 +72,16 @@ class AuthAndMetrics:
             if refusal is not None:
                 await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
                 return
-        elif settings.api_key or settings.admin_api_key:
-            denied = _check_key(scope["path"], headers, settings)
-            if denied is not None:
-                await denied(scope, receive, send)
+        elif (settings.user_keys_set or settings.admin_api_key) and not _open(scope["path"]):
+            path = scope["path"]
+            checked = check_key(given_key(headers), settings,
+                                admin=path.startswith("/api/") and not is_ollama_path(path))
+            if not checked.allowed:
+                await envelope("missing or invalid API key", 401, code="invalid_api_key")(
+                    scope, receive, send)
                 return
+            if checked.client is not None:  # a named key is its client unless one is named
+                scope = dict(scope, headers=with_client(list(scope["headers"]), checked.client))
         path = scope["path"]
         if not ((path.startswith("/v1/") or path in DATA_PATHS) and scope["method"] == "POST"):
             await self.app(scope, receive, send)
@@ -103,16 +106,6 @@ class AuthAndMetrics:
                                                    time.monotonic() - started)
 
 
-def _check_key(path: str, headers: Headers, settings: Settings) -> Response | None:
-    if path in OPEN_PATHS or path == "/ui" or path.startswith(OPEN_PREFIXES):
-        return None
-    admin = path.startswith("/api/") and not is_ollama_path(path)
-    wanted = settings.admin_api_key if admin and settings.admin_api_key else settings.api_key
-    if not wanted:
-        return None
-    header = headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else \
-        headers.get("x-api-key", "")
-    if hmac.compare_digest(given.encode(), wanted.encode()):
-        return None
-    return envelope("missing or invalid API key", 401, code="invalid_api_key")
+def _open(path: str) -> bool:
+    """Paths that need no key: health, metrics and the dashboard's page and files."""
+    return path in OPEN_PATHS or path == "/ui" or path.startswith(OPEN_PREFIXES)

@@ -41,6 +41,12 @@ def test_config_file_from_env(monkeypatch, tmp_path):
     ("gpus:\n  - {index: 0}\n", "gpus.0.vram_mb"),
     ("vram_margin_mb: -5\n", "vram_margin_mb"),
     ("no_such_key: 1\n", "no_such_key"),
+    ("api_keys:\n  alice: k1\n  bob: k1\n", "api_keys.bob: the same key as api_keys.alice"),
+    ("api_key: k1\napi_keys:\n  alice: k1\n", "api_keys.alice: the same key as api_key"),
+    ("admin_api_key: k1\napi_keys:\n  alice: k1\n", "the same key as admin_api_key"),
+    ("api_keys:\n  alice: ''\n", "api_keys.alice"),
+    ("api_keys:\n  'has space': k1\n", "api_keys: Value error, client name 'has space'"),
+    ("api_keys: [k1, k2]\n", "api_keys"),
 ])
 def test_bad_settings_name_file_and_field(tmp_path, text, field):
     config = tmp_path / "bad.yaml"

@@ -1,0 +1,100 @@
+"""Named user keys (``api_keys``): each key is a client for fair share, queue limits and its
+profile; ``api_key`` keeps working; bad key settings name the file and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import SecretStr
+
+from model_boss.api.keys import check_key, with_client
+from model_boss.errors import ConfigError
+from model_boss.settings import Settings, load_settings
+
+from .fakes import coordinator, manifest, started_client
+
+
+def settings(**kw) -> Settings:
+    return Settings(tasks_file=None, manifests=[], **kw)
+
+
+NAMED = {"api_keys": {"alice": "k-alice", "bob": "k-bob"}}
+
+
+@pytest.mark.parametrize("config, given, admin, allowed, client", [
+    ({}, "", False, True, None),                                  # no keys: open
+    ({"api_key": "shared"}, "shared", False, True, None),
+    ({"api_key": "shared"}, "k-alice", False, False, None),
+    (NAMED, "k-alice", False, True, "alice"),
+    (NAMED, "k-bob", False, True, "bob"),
+    (NAMED, "", False, False, None),
+    (NAMED, "k-alic", False, False, None),                        # a prefix is no key
+    ({**NAMED, "api_key": "shared"}, "shared", False, True, None),  # the shared key stays
+    (NAMED, "k-alice", True, True, "alice"),       # no admin key: /api/* takes user keys
+    ({**NAMED, "admin_api_key": "adm"}, "k-alice", True, False, None),
+    ({**NAMED, "admin_api_key": "adm"}, "adm", True, True, None),
+    ({"admin_api_key": "adm"}, "", False, True, None),           # only /api/* guarded
+])
+def test_check_key(config, given, admin, allowed, client):
+    checked = check_key(given, settings(**config), admin=admin)
+    assert (checked.allowed, checked.client) == (allowed, client)
+
+
+def test_a_named_key_fills_in_the_client_unless_the_request_names_one():
+    assert with_client([(b"host", b"mb")], "alice") == [(b"host", b"mb"),
+                                                        (b"x-client-id", b"alice")]
+    own = [(b"X-Client-Id", b"mine")]
+    assert with_client(own, "alice") == own
+
+
+def test_keys_are_secret_in_settings():
+    loaded = settings(**NAMED)
+    assert isinstance(loaded.api_keys["alice"], SecretStr)
+    assert "k-alice" not in repr(loaded)
+
+
+def test_a_duplicate_key_is_named_not_shown(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("api_keys:\n  alice: sk-secret-1\n  bob: sk-secret-1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert "api_keys.bob: the same key as api_keys.alice" in caught.value.message
+    assert "sk-secret-1" not in caught.value.message
+
+
+def test_keys_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MODEL_BOSS_API_KEYS", '{"alice": "k-alice"}')
+    assert load_settings(tasks_file=None).api_keys["alice"].get_secret_value() == "k-alice"
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_each_key_is_its_client_through_the_api(tmp_path):
+    coord, _ = coordinator(
+        tmp_path, [manifest("a", 1000), manifest("b", 1000)],
+        api_keys={"alice": "k-alice", "bob": "k-bob"}, api_key="shared",
+        admin_api_key="adm", clients={"alice": {"allowed_models": ["a"]}})
+    async with started_client(coord) as client:
+        def post(key, model, **extra):
+            return client.post("/v1/chat/completions", json={"model": model, **CHAT, **extra},
+                               headers={"authorization": f"Bearer {key}"})
+
+        assert (await post("k-alice", "a")).status_code == 200
+        refused = await post("k-alice", "b")  # alice's profile applies to alice's key
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "model_not_allowed"
+        assert (await post("k-bob", "b")).status_code == 200
+        assert (await post("shared", "b")).status_code == 200
+        assert (await post("k-bob", "a", x_client_id="team-x")).status_code == 200
+        assert (await post("nope", "a")).status_code == 401
+        assert (await client.get("/api/v1/status",
+                                 headers={"authorization": "Bearer k-alice"})).status_code == 401
+        ollama = await client.post("/api/chat", headers={"authorization": "Bearer k-bob"},
+                                   json={"model": "a", **CHAT, "stream": False})
+        assert ollama.status_code == 200
+    log = [json.loads(line) for line in
+           (tmp_path / "state" / "requests.jsonl").read_text().splitlines()]
+    assert [(e["model"], e["client_id"]) for e in log] == [
+        ("a", "alice"), ("b", "bob"), ("b", "anonymous"), ("a", "team-x"), ("a", "bob")]
