@@ -46,6 +46,8 @@ class SlotLoad:
             entry = self.owner.pool.catalog.get_available(self.owner.model_id)
             s.estimate = self.owner.pool.estimate(entry)
             lease, placement = await self.owner.pool.make_room(self.owner, priority)
+            if s.state == S.OFFLOADED and not _sees(s.worker_gpus, placement):
+                await self._retire_parked(lease, placement)
             if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
                 await self._onload(lease, placement, priority)
             else:
@@ -57,10 +59,26 @@ class SlotLoad:
             raise
         self.progress.report("ready")
 
+    async def _retire_parked(self, lease: Lease | None, placement: Placement | None) -> None:
+        """The parked worker sees other GPUs than the lease's (its CUDA_VISIBLE_DEVICES is
+        fixed at start): onloading it would put weights where this lease holds no VRAM. Stop
+        it; the load goes on as a cold start on the leased GPUs."""
+        s = self.owner.slot
+        self.cancellable = False  # a stop cut short would leave the worker running
+        try:
+            s.transition(S.STOPPING, f"parked on GPUs {list(s.worker_gpus or ())}, leased "
+                         f"{placement.gpus if placement else []}: cold start instead")
+            await self.owner._stop("parked worker sees other GPUs than its new lease")
+        except BaseException as exc:
+            await self._abandon_load(None, lease, exc)
+            raise
+        self.cancellable = True
+
     async def _cold_start(self, lease: Lease | None, placement: Placement | None,
                           priority: int) -> None:
         s = self.owner.slot
         s.lease, s.placement = lease, placement
+        s.worker_gpus = tuple(placement.gpus) if placement else None
         s.transition(S.LOADING, f"load on GPUs {placement.gpus}" if placement else "load")
         started = time.monotonic()
         self.owner.pool.events.emit("load_started", model=self.owner.model_id,
@@ -141,3 +159,9 @@ class SlotLoad:
             s.transition(S.STOPPING, reason)
         s.backend, s.lease = backend, lease  # whatever the load had, _stop takes it all back
         await self.owner._stop(reason, event="load_cancelled" if cancelled else "load_failed")
+
+
+def _sees(worker_gpus: tuple[int, ...] | None, placement: Placement | None) -> bool:
+    """Whether a worker started with ``worker_gpus`` visible can take ``placement``: the same
+    GPUs in the same order (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
+    return placement is None or worker_gpus == tuple(placement.gpus)

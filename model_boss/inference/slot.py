@@ -75,6 +75,9 @@ class ModelSlot:
     measured_mb: int | None = None
     last_error: str | None = None
     ram_reserved_mb: int = 0
+    # the GPUs its worker process was started with (CUDA_VISIBLE_DEVICES): the only ones a
+    # parked worker can onload to
+    worker_gpus: tuple[int, ...] | None = None
     unload_after_request: bool = False
     history: list[tuple[float, str, str]] = field(default_factory=list)
 

@@ -103,3 +103,33 @@ async def _until(predicate, interval_s: float = 0.01) -> None:
     """Poll a state the coordinator exposes no event for; callers bound it with wait_for."""
     while not predicate():  # noqa: ASYNC110
         await asyncio.sleep(interval_s)
+
+
+async def test_a_parked_worker_is_onloaded_only_onto_the_gpus_it_sees(tmp_path):
+    """A worker sees only the GPUs it was started with (CUDA_VISIBLE_DEVICES): when the lease
+    for its onload is on another GPU, it is stopped and the model starts cold there."""
+    two_gpus = [{"index": 0, "name": "a", "vram_mb": 4096}, {"index": 1, "name": "b",
+                                                              "vram_mb": 4096}]
+    coord, _gates, log = gated_coordinator(
+        tmp_path, [manifest("p"), manifest("q"), manifest("r")], offloadable={"p", "q"},
+        gpus=two_gpus)
+    await coord.start()
+    try:
+        slots = coord.pool.slots
+        (await acquire(coord, "p")).release()
+        (await acquire(coord, "q")).release()
+        assert (slots["p"].worker_gpus, slots["q"].worker_gpus) == ((0,), (1,))
+        (await acquire(coord, "r")).release()  # p, the least recently used, is parked
+        coord.pool.owners["r"].set_pinned(True)  # r keeps GPU 0: p's next lease is GPU 1
+        assert slots["p"].state == S.OFFLOADED and slots["r"].placement.gpus == [0]
+        parked = slots["p"].backend
+        ticket = await acquire(coord, "p")
+        assert slots["p"].placement.gpus == [1] and slots["p"].worker_gpus == (1,)
+        assert slots["p"].backend is not parked and not parked.alive
+        assert steps(log, "start", "p") == 2 and steps(log, "onload", "p") == 0
+        ticket.release()
+        await assert_no_overlap(coord)
+        (await acquire(coord, "q")).release()  # q, parked from GPU 1, goes back to GPU 1
+        assert steps(log, "onload", "q") == 1 and slots["q"].placement.gpus == [1]
+    finally:
+        await coord.stop()
