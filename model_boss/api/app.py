@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from ..coordinator import Coordinator
 from ..settings import Settings, load_settings
 from . import admin, cluster, dashboard, images, jobs, leases, llamacpp, ollama, openai
+from .early_forward import EarlyForwarding
 from .errors import install_error_handlers
 from .limits import BodyLimit
 from .middleware import AuthAndMetrics, InternalErrors
@@ -36,7 +37,8 @@ def create_app(settings: Settings | None = None, *,
     app.state.boss = coord.boss
     install_error_handlers(app)
     # the last added runs first: Ollama's envelope → errors → keys and metrics → body limits
-    # → routes
+    # → early forwards (cluster members) → routes
+    app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)

@@ -58,20 +58,26 @@ class BodyLimit:
         if problem is not None:
             await error_response(BadRequest(f"request body {problem}"))(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(raw, receive), send)
 
     def _too_large(self, size: str):
         return error_response(PayloadTooLarge(
             f"request body of {size} bytes is over the {self.max_bytes} limit"))
+
+
+def replaying(raw: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the body already read, whole, then the connection's own
+    messages (its disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    return replay
 
 
 def json_problem(raw: bytes) -> str | None:

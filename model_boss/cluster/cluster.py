@@ -116,11 +116,10 @@ class Cluster:
         members.setdefault(self.host_id, MemberRecord(self.host_id, self.membership.url, ""))
         return list(members.values())
 
-    async def route(self, model_id: str, priority: int) -> Route:
-        """Where a request for ``model_id`` runs. Warm or on its way somewhere: there. Else
-        the cheapest member loads it, named under the model's load lock; a request that
-        finds the lock taken goes to the member it names."""
-        entry = self.catalog.get_available(model_id)
+    def warm_route(self, model_id: str) -> Route | None:
+        """The route that the records in memory decide alone: the model is busy or ready
+        here, or ready or on its way on some member. None when it is nowhere (then
+        :meth:`route` names a loader under the load lock)."""
         local = self.pool.slots.get(model_id)
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
@@ -130,6 +129,16 @@ class Cluster:
             return _route(warm)
         if state == "ready":  # our own record was older than the slot
             return Route(None, f"'{model_id}' is ready here")
+        return None
+
+    async def route(self, model_id: str, priority: int) -> Route:
+        """Where a request for ``model_id`` runs. Warm or on its way somewhere: there. Else
+        the cheapest member loads it, named under the model's load lock; a request that
+        finds the lock taken goes to the member it names."""
+        entry = self.catalog.get_available(model_id)
+        known = self.warm_route(model_id)
+        if known is not None:
+            return known
         demand = self.pool.demand(entry, priority)
         choice = where_cold(demand, self._members(), self.host_id, time.time())
         if not choice.cold:  # no member can take it: this one answers why

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..cluster import MEMBER_HEADER, MemberUnreachable
+from ..cluster import MEMBER_HEADER, MemberRecord, MemberUnreachable
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
 from ..inference import QueuedRequest
 from .extensions import Extensions
@@ -32,12 +32,12 @@ FORWARDABLE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddi
                          "/v1/responses", "/v1/audio/speech", *NATIVE_BODIES})
 
 
-def forward_body(body: dict[str, Any], queued: QueuedRequest,
-                 ext: Extensions) -> dict[str, Any]:
+def forward_body(body: dict[str, Any], ext: Extensions, *, client_id: str, priority: int,
+                 budget_s: float | None) -> dict[str, Any]:
     """The body a member sends on: the request's own fields plus its extensions, resolved."""
-    carried = {"x_client_id": queued.client_id, "x_priority": queued.priority,
+    carried = {"x_client_id": client_id, "x_priority": priority,
                "x_keep_alive_s": ext.keep_alive_s, "x_thinking": ext.thinking,
-               "x_budget_s": queued.budget_s}
+               "x_budget_s": budget_s}
     return {**body, **ext.extra, **{k: v for k, v in carried.items() if v is not None}}
 
 
@@ -53,19 +53,33 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
             served = await here()
             served.headers[MEMBER_HEADER] = cluster.host_id
             return served
-        stream = bool(body.get("stream"))
+        sent = forward_body(body, ext, client_id=queued.client_id, priority=queued.priority,
+                            budget_s=queued.budget_s)
         try:
-            reply = await cluster.forwarder.forward(route.member, queued.endpoint,
-                                                    forward_body(body, queued, ext), stream)
-        except MemberUnreachable as exc:
-            log.warning("%s", exc)
-            cluster.unreachable(route.member)
+            return await forward_to(coord, route.member, queued.endpoint, queued.model_id, sent)
+        except MemberUnreachable:
             served = await here()
             served.headers[MEMBER_HEADER] = cluster.host_id
             return served
+
+
+async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, model_id: str,
+                     body: dict[str, Any]) -> Served:
+    """Send ``body`` on to ``member`` and pass its answer through (an error answer raised as
+    the error it was there). A member that cannot be reached is forgotten until its next
+    heartbeat, and :class:`MemberUnreachable` goes up: nothing was answered yet."""
     from .serving import MODEL_HEADER, Served, sse_error
 
-    headers = {MODEL_HEADER: queued.model_id, MEMBER_HEADER: route.member.host_id}
+    cluster = coord.cluster
+    assert cluster is not None
+    try:
+        reply = await cluster.forwarder.forward(member, endpoint, body,
+                                                bool(body.get("stream")))
+    except MemberUnreachable as exc:
+        log.warning("%s", exc)
+        cluster.unreachable(member)
+        raise
+    headers = {MODEL_HEADER: model_id, MEMBER_HEADER: member.host_id}
     if reply.chunks is None and reply.status >= 400:
         raise member_error(reply.status, reply.body or b"", reply.retry_after)
     if reply.chunks is None:

@@ -1,0 +1,90 @@
+"""Forwarding decided early: a request whose model is warm on another member goes there
+before any schema is checked or any route is chosen here.
+
+A forward is most of what such a request costs this member, so the decision reads no more
+than it needs: the JSON body (orjson), the ``model`` it names, the extensions and the
+members' records in memory. Whatever is not a plain case (a task, a client limited to some
+models, a model cold everywhere, busy or ready here, a body that does not parse, a bad
+extension) is left to the full path, which answers it as before: this module only ever says
+"forward this, now", never "refuse". The member that serves the request checks its body,
+so a bad one comes back as that member's 400, relayed.
+
+What the full path carries is carried the same way: :func:`~.clustered.forward_body` with
+the client id and the priority resolved here, the budget and keep-alive as asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..catalog.tasks import task_name
+from ..cluster import FORWARDED_HEADER, MemberRecord
+from ..errors import ModelBossError
+from .clustered import forward_body, forward_to
+from .extensions import pop_extensions
+
+if TYPE_CHECKING:
+    from ..coordinator import Coordinator
+    from .serving import Served
+
+# the OpenAI routes whose HTTP path is the endpoint members answer on
+EARLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                         "/v1/responses", "/v1/audio/speech"})
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyForward:
+    """A request to send on to ``member`` as it is: ``body`` is what the member gets."""
+
+    member: MemberRecord
+    endpoint: str
+    model_id: str
+    body: dict[str, Any]
+
+
+def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
+                  headers: Mapping[str, str]) -> EarlyForward | None:
+    """The forward of this request when it can be decided now; None: take the full path.
+    Synchronous and without I/O: it reads only what is in memory."""
+    cluster = coord.cluster
+    if cluster is None or endpoint not in EARLY_PATHS or FORWARDED_HEADER in headers:
+        return None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or task_name(model) is not None:
+        return None
+    entry = coord.catalog.find(model)
+    if entry is None:
+        return None
+    manifest = entry.manifest
+    route = cluster.warm_route(manifest.id)
+    if route is None or route.member is None:
+        return None
+    try:
+        coord.catalog.get_available(manifest.id)
+        ext = pop_extensions(body, headers)
+    except ModelBossError:
+        return None
+    settings = coord.settings
+    client_id = ext.client_id or "anonymous"
+    profile = settings.clients.get(client_id)
+    if ext.task is not None or (profile is not None and profile.allowed_models is not None):
+        return None
+    priority = next(p for p in (ext.priority, profile.priority if profile else None,
+                                manifest.priority, settings.default_priority) if p is not None)
+    body["model"] = manifest.id
+    return EarlyForward(route.member, endpoint, manifest.id, forward_body(
+        body, ext, client_id=client_id, priority=priority, budget_s=ext.budget_s))
+
+
+async def send_early(coord: Coordinator, early: EarlyForward) -> Served:
+    """Forward it; raises :class:`~model_boss.cluster.MemberUnreachable` when the member
+    cannot be reached (nothing was answered yet: the full path serves it here)."""
+    return await forward_to(coord, early.member, early.endpoint, early.model_id, early.body)
