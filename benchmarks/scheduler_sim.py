@@ -9,7 +9,9 @@ same run:
    planner told each model's true request rate) as the bound of rate-based prediction;
 2. the same ratios for ``model-boss`` and ``known-rates`` over the workshop seeds 1–20;
 3. waits per priority on the bursty trace, today's policy against the new one at several
-   aging rates (``aging_s``), with the p95 ratios to today's.
+   aging rates (``aging_s``), with the p95 ratios to today's: one request at a time on the
+   whole GPU, then loaded models side by side with 1 and 4 slots each, as the coordinator
+   serves (:mod:`model_boss.inference.sim_side_by_side`).
 
     .venv/bin/python benchmarks/scheduler_sim.py [--seed 7] [--seeds 20] [--trace log.jsonl]
 """
@@ -23,11 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_boss.inference.ordering import OrderPolicy
+from model_boss.inference.sim_side_by_side import simulate_side_by_side
 from model_boss.inference.simulator import (
     KNOWN_RATES,
     MODEL_BOSS,
     POLICIES,
     TODAY,
+    Result,
+    SimPolicy,
     Trace,
     simulate,
     wait_summary,
@@ -73,15 +78,24 @@ def seeds_table(seeds: range) -> None:
                                       for c, s in worst.values()))
 
 
-def waits_table(trace: Trace, agings: list[float]) -> list[dict]:
-    base = simulate(trace, TODAY)
-    print(f"\n{trace.name}: waits per priority, p50 / p95 s (ratio of p95 to today's)")
+def waits_table(trace: Trace, agings: list[float], parallel: int | None = None) -> list[dict]:
+    """Waits per priority, today's policy against the new one at several ``aging_s``; one
+    request at a time on the whole GPU, or (``parallel``) loaded models side by side with
+    that many slots each."""
+    def run(policy: SimPolicy) -> Result:
+        return simulate(trace, policy) if parallel is None else \
+            simulate_side_by_side(trace, policy, parallel)
+
+    base = run(TODAY)
+    how = "one request at a time" if parallel is None else \
+        f"side by side, parallel {parallel}"
+    print(f"\n{trace.name}, {how}: waits per priority, p50 / p95 s (ratio of p95 to today's)")
     print(f"{'policy':<26}{'cold':>6}  " + "".join(f"{'p' + str(p):>24}" for p in (0, 5, 9)))
     rows = []
     for name, policy in [("today", TODAY)] + [
             (f"model-boss aging_s={a:g}", replace(MODEL_BOSS, order=OrderPolicy(aging_s=a)))
             for a in agings]:
-        res = base if policy is TODAY else simulate(trace, policy)
+        res = base if policy is TODAY else run(policy)
         cells = ""
         for prio in (0, 5, 9):
             p50, p95 = res.wait_pct(prio, 0.5), res.wait_pct(prio, 0.95)
@@ -105,7 +119,8 @@ def main() -> None:
         traces.append(jsonl_trace(args.trace, args.capacity_mb))
     belady_table(traces)
     seeds_table(range(1, args.seeds + 1))
-    waits_table(bursty_trace(args.seed), [2, 10, 30, 70])
+    for parallel in (None, 1, 4):
+        waits_table(bursty_trace(args.seed), [2, 10, 30, 70], parallel)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ settings from one's own traffic.
 
 It runs the coordinator's own ordering and planner (:mod:`model_boss.inference.simulator`)
 over the log the daemon writes (``state_dir/requests.jsonl``) and prints cold loads against
-Belady's optimum, waits per priority, and what another keep-alive or VRAM size would change.
+Belady's optimum, waits per priority, and what another keep-alive or VRAM size would change;
+with ``--parallel N`` also the waits with loaded models side by side, N slots each, as the
+coordinator serves (:mod:`model_boss.inference.sim_side_by_side`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 from .errors import BadRequest
 from .inference.ordering import OrderPolicy
-from .inference.simulator import MODEL_BOSS, POLICIES, SimPolicy, Trace, simulate
+from .inference.sim_side_by_side import simulate_side_by_side
+from .inference.simulator import MODEL_BOSS, POLICIES, TODAY, Result, SimPolicy, Trace, simulate
 from .inference.traces import jsonl_trace
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([gGmM]?)[bB]?\s*$")
@@ -31,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="seconds an idle model stays loaded (default 300)")
     parser.add_argument("--aging-s", type=float, default=2.0,
                         help="seconds of waiting per priority level (default 2)")
+    parser.add_argument("--parallel", type=int, default=0, metavar="N",
+                        help="also replay with loaded models serving side by side, N "
+                             "requests at once each (the manifests' parallel)")
 
 
 def parse_gpus(text: str) -> int:
@@ -66,21 +72,38 @@ def run(args: argparse.Namespace) -> int:
           f"{capacity} MB of VRAM, keep-alive {args.keep_alive:g} s, aging {args.aging_s:g} s\n")
     _policies(trace, policy)
     _what_if(trace, policy, capacity)
+    if args.parallel > 0:
+        _side_by_side(trace, policy, args.parallel)
     return 0
+
+
+def _side_by_side(trace: Trace, policy: SimPolicy, parallel: int) -> None:
+    print(f"\nside by side ({parallel} at once per loaded model; the GPU shared by the "
+          "models running at once):")
+    _wait_table({
+        "today": simulate_side_by_side(
+            trace, replace(TODAY, stay_warm_s=policy.stay_warm_s), parallel),
+        MODEL_BOSS.name: simulate_side_by_side(trace, policy, parallel)})
+
+
+def _wait_table(results: dict[str, Result], belady: Result | None = None) -> None:
+    """Cold loads (and their ratio to Belady's when given) and waits per priority."""
+    priorities = sorted(results[MODEL_BOSS.name].waits)
+    ratio = f"{'x Belady':>9}" if belady else ""
+    print(f"{'policy':<15}{'cold loads':>11}{ratio}  " +
+          "".join(f"{'p' + str(p) + ' wait p50/p95 s':>24}" for p in priorities))
+    for name, res in results.items():
+        cells = "".join(f"{res.wait_pct(p, 0.5):>15.1f} / {res.wait_pct(p, 0.95):<6.1f}"
+                        for p in priorities)
+        times = f"{res.cold_loads / max(1, belady.cold_loads):>9.2f}" if belady else ""
+        print(f"{name:<15}{res.cold_loads:>11}{times}  {cells}")
 
 
 def _policies(trace: Trace, policy: SimPolicy) -> None:
     results = {p.name: simulate(trace, replace(p, stay_warm_s=policy.stay_warm_s))
                for p in POLICIES if p.name != MODEL_BOSS.name}
     results[MODEL_BOSS.name] = simulate(trace, policy)
-    best = max(1, results["belady"].cold_loads)
-    priorities = sorted(results[MODEL_BOSS.name].waits)
-    print(f"{'policy':<15}{'cold loads':>11}{'x Belady':>9}  " +
-          "".join(f"{'p' + str(p) + ' wait p50/p95 s':>24}" for p in priorities))
-    for name, res in results.items():
-        cells = "".join(f"{res.wait_pct(p, 0.5):>15.1f} / {res.wait_pct(p, 0.95):<6.1f}"
-                        for p in priorities)
-        print(f"{name:<15}{res.cold_loads:>11}{res.cold_loads / best:>9.2f}  {cells}")
+    _wait_table(results, results["belady"])
 
 
 def _what_if(trace: Trace, policy: SimPolicy, capacity: int) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from .eviction import SlotView
@@ -177,11 +178,7 @@ class _Run:
             self.make_room_baseline(req, t)
             return req
         order = self.policy.order or STRICT
-        credit = {m: self.trace.load_time(m) for m in self.resident}
-        by_waiter = {id(waiters[id(r)]): r for r in waiting}
-        ordered = [by_waiter[id(w)] for w in serving_order(
-            [waiters[id(r)] for r in waiting], credit, order)]
-        wanted = tuple(dict.fromkeys(r.model for r in ordered))
+        ordered, wanted = in_serving_order(self.trace, waiting, waiters, self.resident, order)
         draining: set[str] = set()
         considered: set[str] = set()
         for req in ordered:
@@ -192,9 +189,7 @@ class _Run:
             if req.model in considered:
                 continue
             considered.add(req.model)
-            decision = plan(Demand(req.model, self.trace.sizes[req.model],
-                                   effective_priority(req.priority, t - req.arrival, order)),
-                            self.snapshot(t, wanted))
+            decision = plan(demand_of(self.trace, req, t, order), self.snapshot(t, wanted))
             if isinstance(decision, Fit):
                 return req
             if isinstance(decision, Evict):
@@ -238,6 +233,24 @@ class _Run:
         if any(o is not chosen and o.priority < chosen.priority and o.arrival <= chosen.arrival
                for o in waiting):
             self.result.inversions += 1
+
+
+def in_serving_order(trace: Trace, waiting: list[SimRequest], waiters: dict[int, Waiter],
+                     loaded: Iterable[str], order: OrderPolicy,
+                     ) -> tuple[list[SimRequest], tuple[str, ...]]:
+    """The waiting requests in the queue's serving order (loaded models get their reload
+    time as warm credit), and the models they want in that order (look-ahead eviction)."""
+    credit = {m: trace.load_time(m) for m in loaded}
+    by_waiter = {id(waiters[id(r)]): r for r in waiting}
+    ordered = [by_waiter[id(w)] for w in serving_order(
+        [waiters[id(r)] for r in waiting], credit, order)]
+    return ordered, tuple(dict.fromkeys(r.model for r in ordered))
+
+
+def demand_of(trace: Trace, req: SimRequest, t: float, order: OrderPolicy) -> Demand:
+    """What loading ``req``'s model asks of the planner at ``t`` (its aged priority)."""
+    return Demand(req.model, trace.sizes[req.model],
+                  effective_priority(req.priority, t - req.arrival, order))
 
 
 class _KnownRates:

@@ -8,7 +8,16 @@ import json
 import pytest
 
 from model_boss.errors import BadRequest
-from model_boss.inference.simulator import KNOWN_RATES, MODEL_BOSS, POLICIES, TODAY, simulate
+from model_boss.inference.sim_side_by_side import simulate_side_by_side
+from model_boss.inference.simulator import (
+    KNOWN_RATES,
+    MODEL_BOSS,
+    POLICIES,
+    TODAY,
+    SimRequest,
+    Trace,
+    simulate,
+)
 from model_boss.inference.traces import bursty_trace, jsonl_trace, workshop_trace
 
 
@@ -72,8 +81,11 @@ def test_simulate_command_prints_belady_waits_and_what_ifs(tmp_path, capsys):
              "size_mb": 9000, "client_id": "c", "ok": True}
             for i, (m, p) in enumerate([("a", 0), ("b", 9), ("c", 5)] * 8)]
     log.write_text("\n".join(json.dumps(row) for row in rows))
-    assert main(["simulate", "--trace", str(log), "--gpus", "16G"]) == 0
+    assert main(["simulate", "--trace", str(log), "--gpus", "16G", "--parallel", "2"]) == 0
     out = capsys.readouterr().out
+    side = out.split("side by side (2 at once per loaded model")[1]
+    assert {line.split()[0] for line in side.splitlines()[2:] if line.strip()} == {
+        "today", "model-boss"}
     assert "24 requests, 3 models, 16384 MB" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert {"today", "model-boss", "belady"} <= set(lines)
@@ -108,3 +120,42 @@ def test_known_rates_runs_the_same_planner_with_the_trace_rates():
     assert known.peak_mb <= trace.capacity_mb
     # told the true rates, the cost-aware evictor spends fewer seconds loading on this trace
     assert known.load_s < learned.load_s
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+@pytest.mark.parametrize("trace", [workshop_trace(3, 120), bursty_trace(3, 120)],
+                         ids=["workshop", "bursty"])
+def test_side_by_side_invariants(trace, parallel):
+    for policy in (TODAY, MODEL_BOSS):
+        result = simulate_side_by_side(trace, policy, parallel)
+        assert sum(len(w) for w in result.waits.values()) == len(trace.requests)
+        assert result.peak_mb <= trace.capacity_mb
+        assert all(w >= 0 for waits in result.waits.values() for w in waits)
+
+
+def test_side_by_side_with_one_model_is_one_at_a_time():
+    requests = [SimRequest(i * 0.5, "a", 5, 3.0, f"c{i}") for i in range(6)]
+    trace = Trace("one model", requests, {"a": 4096}, 8192)
+    alone, side = simulate(trace, MODEL_BOSS), simulate_side_by_side(trace, MODEL_BOSS, 1)
+    assert side.cold_loads == alone.cold_loads == 1
+    assert sorted(side.waits[5]) == pytest.approx(sorted(alone.waits[5]))
+
+
+def test_side_by_side_models_share_the_gpu_and_batch_their_slots():
+    # two loaded models, two requests each at once: alone each takes 4 s
+    requests = [SimRequest(100.0, m, 5, 4.0, f"{m}{i}") for m in "ab" for i in range(2)]
+    warm_up = [SimRequest(0.0, "a", 5, 1.0, "w"), SimRequest(0.0, "b", 5, 1.0, "w")]
+    trace = Trace("two models", warm_up + requests, {"a": 4096, "b": 4096}, 8192,
+                  load_s={"a": 2.0, "b": 2.0})
+    one_slot = simulate_side_by_side(trace, MODEL_BOSS, parallel=1)
+    two_slots = simulate_side_by_side(trace, MODEL_BOSS, parallel=2)
+    assert one_slot.cold_loads == two_slots.cold_loads == 2
+    # one slot each: the second request of a model waits for the first, which runs at half
+    # speed beside the other model's (8 s); two slots each: nobody waits
+    assert sorted(one_slot.waits[5])[-2:] == pytest.approx([8.0, 8.0])
+    assert max(two_slots.waits[5][2:]) == pytest.approx(0.0)
+
+
+def test_side_by_side_runs_only_planner_policies():
+    with pytest.raises(ValueError, match="planner policies"):
+        simulate_side_by_side(workshop_trace(3, 10), by_name("belady"))
