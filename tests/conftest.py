@@ -39,8 +39,10 @@ class ServerProcess:
     """A real coordinator: ``python -m model_boss serve --config FILE`` in its own process."""
 
     def __init__(self, workdir: Path, config: dict, manifests: list[dict],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.headers = headers or {}  # sent by client() and status(): a key, when one is set
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         manifest_dir = workdir / "manifests"
@@ -84,10 +86,10 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+        return httpx.Client(base_url=self.url, timeout=120, headers=self.headers, **kwargs)
 
     def status(self) -> dict:
-        return httpx.get(self.url + "/api/v1/status", timeout=10).json()
+        return httpx.get(self.url + "/api/v1/status", headers=self.headers, timeout=10).json()
 
     def worker_pids(self) -> set[int]:
         """Every live descendant of the coordinator (the workers)."""

@@ -2,7 +2,8 @@
 two models: aging ends starvation (and may evict what a priority-0 client left warm), fair
 share serves a single request among the first few after another client's burst, and a
 model's concurrency and queue limits make the rest wait or answer 429. Aging runs at
-0.5 s per level here so the bound is seconds, not tens of seconds."""
+0.5 s per level here so the bound is seconds, not tens of seconds. Requests carry API keys:
+the shared ``api_key`` with ``x_client_id``, or a client's own key from ``api_keys``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.conftest import ServerProcess, llama_manifest, wait_for
 pytestmark = pytest.mark.slow
 
 AGING_S = 0.25
+SHARED = {"authorization": "Bearer k-shared"}
+KEYS = {"flood": "k-flood", "single": "k-single"}  # api_keys: each key is its client
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +31,23 @@ def server(tmp_path_factory, demo_gguf):
                  llama_manifest("model-c", demo_gguf, vram_mb=3000, parallel=2,
                                 max_concurrency=1, max_queued=1)]
     config = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}],  # holds one
-              "aging_s": AGING_S}
-    process = ServerProcess(tmp_path_factory.mktemp("sched"), config, manifests).start()
+              "aging_s": AGING_S, "api_key": "k-shared", "api_keys": KEYS}
+    process = ServerProcess(tmp_path_factory.mktemp("sched"), config, manifests,
+                            headers=SHARED).start()
     yield process
     process.stop()
 
 
-def chat(server, model, client, priority=5, tokens=2, timeout=120) -> httpx.Response:
+def chat(server, model, client, priority=5, tokens=2, timeout=120,
+         key: str | None = None) -> httpx.Response:
+    """A chat as ``client`` (``x_client_id`` with the shared key), or with ``key`` alone (a
+    named key, whose client it is)."""
     body = {"model": model, "max_tokens": tokens, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "count"}],
-            "x_client_id": client, "x_priority": priority}
-    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=timeout)
+            "messages": [{"role": "user", "content": "count"}], "x_priority": priority}
+    if key is None:
+        body["x_client_id"] = client
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=timeout,
+                      headers={"authorization": f"Bearer {key}"} if key else SHARED)
 
 
 def learned(server, model) -> dict:
@@ -79,18 +88,20 @@ def test_priority_9_is_served_within_the_bound_while_priority_0_traffic_goes_on(
                          load_s=b["load_s"])
     assert waited <= bound * 1.5 + 2.0, (waited, bound, a, b)  # EWMAs on a shared box
     assert waited >= 9 * AGING_S, waited  # ... and priority still counted
-    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    events = httpx.get(server.url + "/api/v1/events?stream=false",
+                       headers=SHARED).json()["events"]
     assert any(e["type"] == "evicted" and e["model"] == "model-a" and e["last_priority"] == 0
                for e in events)
 
 
 def test_a_single_request_after_another_clients_burst_is_among_the_first_few(server):
+    """The two clients are told apart by their keys alone (``api_keys``)."""
     assert chat(server, "model-a", "warmup").status_code == 200
     finished: list[str] = []
     lock = threading.Lock()
 
     def one(client, tag):
-        response = chat(server, "model-a", client, tokens=16)
+        response = chat(server, "model-a", client, tokens=16, key=KEYS[client])
         assert response.status_code == 200, response.text
         with lock:
             finished.append(tag)
@@ -109,6 +120,8 @@ def test_a_single_request_after_another_clients_burst_is_among_the_first_few(ser
     # (on a slow box, where it came over fair_share_turn_s later) the next finish before it;
     # first come, first served made it the last of all
     assert finished.index("single") - done_before <= 3, (done_before, finished)
+    served = {c["client_id"]: c["succeeded"] for c in server.status()["queue"]["clients"]}
+    assert served["flood"] >= 12 and served["single"] >= 1, served
 
 
 def test_max_concurrency_makes_the_rest_wait_and_max_queued_answers_429(server):
