@@ -82,11 +82,11 @@ async def _unless_gone(receive: Receive, work: Awaitable[Served]) -> Served:
     try:
         await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (gone, job):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        gone.cancel()  # it holds nothing: not waited for
+        if not job.done():  # the forward closes its connection: the member sees it go
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
     if job.cancelled():
         raise ClientDisconnected("client disconnected")
     return job.result()

@@ -49,6 +49,7 @@ class _Connection(asyncio.Protocol):
         self.retry_after: str | None = None
         self.answered = False  # some byte of the answer came back
         self.complete = False
+        self.keep_alive = False
         self.error: Exception | None = None
         self._headers_done: asyncio.Future[None] = self._loop.create_future()
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -101,6 +102,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # asked now: once the message is complete the parser no longer knows
+        self.keep_alive = self._parser.should_keep_alive()
         self._notify()
 
     # -- the request -------------------------------------------------------------------------
@@ -170,8 +173,7 @@ class _Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        return (self.complete and self.error is None and not self.closed
-                and self._parser.should_keep_alive())
+        return self.complete and self.keep_alive and self.error is None and not self.closed
 
     def close(self) -> None:
         if self._timer is not None:

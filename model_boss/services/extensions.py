@@ -70,6 +70,8 @@ def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensio
     for name, header in _HEADERS.items():
         if known.get(name) is None and header in headers:
             known[name] = headers[header]
+    if not known:  # most requests: nothing to validate
+        return Extensions(extra=found, forwarded=FORWARDED_HEADER in headers)
     fields = parse(ExtensionFields, known)
     return Extensions(client_id=fields.x_client_id, priority=fields.x_priority,
                       budget_s=fields.x_budget_s, keep_alive_s=fields.x_keep_alive_s,

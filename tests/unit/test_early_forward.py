@@ -151,20 +151,22 @@ HEADERS = {"content-type": "application/json"}
 
 async def test_the_link_posts_and_keeps_the_connection():
     async with linked() as (link, server):
-        for word in ("one", "two"):
+        seen = []
+        for word in ("one", "two", "three"):
             reply = await link.post("/chat/completions", body(model="m", messages=[
                 {"role": "user", "content": word}]), HEADERS, stream=False)
             assert reply.status == 200 and reply.content_type == "application/json"
             assert orjson.loads(reply.body)["choices"][0]["message"]["content"] == \
                 f"echo: {word}"
-        assert len(server.server_state.connections) == 1  # one keep-alive connection
+            seen.append(set(server.server_state.connections))
+        assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2]  # one keep-alive connection
         missing = await link.post("/nowhere", b"{}", HEADERS, stream=False)
         assert missing.status == 404 and orjson.loads(missing.body)["error"]["code"] == \
             "not_found"
 
 
 async def test_the_link_streams_chunk_by_chunk():
-    async with linked(chunks=3, chunk_delay_ms=50) as (link, _):
+    async with linked(chunks=3, chunk_delay_ms=50) as (link, server):
         reply = await link.post("/chat/completions", body(model="m", stream=True),
                                 HEADERS, stream=True)
         assert reply.status == 200 and reply.content_type == "text/event-stream"
@@ -173,8 +175,10 @@ async def test_the_link_streams_chunk_by_chunk():
         assert first.startswith(b"data: ") and b"part0" in first
         rest = b"".join([chunk async for chunk in reply.chunks])
         assert b"part2" in rest and rest.endswith(b"data: [DONE]\n\n")
+        used = set(server.server_state.connections)
         again = await link.post("/chat/completions", body(model="m"), HEADERS, False)
-        assert again.status == 200  # the connection went back to the pool
+        assert again.status == 200
+        assert set(server.server_state.connections) == used  # the connection went back
 
 
 async def test_a_stream_dropped_by_its_reader_closes_the_connection():
