@@ -2,7 +2,8 @@
 """Checks a running docker-compose.cluster.yml from the host (scripts/compose_smoke.sh runs
 it between `up -d` and `down`): both members register and are healthy, the demo model
 answers on member-a, member-b forwards to member-a (plain and streaming), a forged forward is
-refused, and a member that is killed (SIGKILL) or stopped (SIGTERM) leaves the cluster.
+refused, the members come back after a Redis restart, and a member that is killed (SIGKILL)
+or stopped (SIGTERM) leaves the cluster.
 Standard library only, so it runs with any python3 on the host. Exits 1 at the first failed
 check.
 
@@ -177,6 +178,34 @@ def check_forged_forward(b: str) -> None:
     passed("forged forwards (no secret, wrong secret) refused: 403 forward_refused")
 
 
+def beats_since(url: str, since: float) -> dict[str, float] | None:
+    """Both members' records as ``url`` reads them from Redis, when each was written after
+    ``since`` (wall clock: the containers share the host's); else None."""
+    view = call("GET", f"{url}/api/v1/cluster").json()
+    written = {m["host_id"]: m["updated_at"] for m in view["members"]}
+    if set(written) != MEMBERS or min(written.values()) <= since:
+        return None
+    return written
+
+
+def check_redis_restart(a: str, b: str, compose: list[str]) -> None:
+    started = time.monotonic()
+    subprocess.run([*compose, "restart", "redis"], check=True, capture_output=True)
+    restarted, restarted_at = time.monotonic(), time.time()
+    for url in (a, b):
+        wait_for(f"{url} reads both members' records written after the Redis restart",
+                 lambda u=url: beats_since(u, restarted_at), 30)
+        wait_for(f"{url} sees {MODEL} on member-a after the Redis restart",
+                 lambda u=url: model_places(u).get("member-a") == "ready" or None, 30)
+    back = time.monotonic() - restarted
+    reply = chat(b, "Say no.")
+    expect(reply.status == 200 and reply.member == "member-a",
+           f"chat sent to member-b after the Redis restart: {reply.status} {reply.member}")
+    passed(f"Redis restarted ({restarted - started:.1f} s): both members wrote their records "
+           f"again and {MODEL} is listed on member-a {back:.1f} s later; member-b forwards to "
+           "member-a again")
+
+
 def time_until_gone(a: str, command: list[str], deadline_s: float) -> float:
     """Run ``command`` (a compose kill or stop) while watching member-a's view; the seconds
     from the command's start until member-b is no longer listed."""
@@ -232,6 +261,7 @@ def main() -> int:
         check_chat_on_a(args.a)
         check_forward(args.a, args.b)
         check_forged_forward(args.b)
+        check_redis_restart(args.a, args.b, compose)
         check_member_leaves(args.a, args.b, compose, args.ttl_s, args.beat_s)
     except CheckFailed as exc:
         print(f"FAIL {exc}", flush=True)
