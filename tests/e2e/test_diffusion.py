@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -165,7 +163,9 @@ def test_without_ram_budget_the_offloaded_slot_is_stopped(make_server, tiny_sd, 
     assert any(e["type"] == "evicted" and e["tier"] == "disk" for e in events)
 
 
-def test_worker_exits_on_sigterm_and_with_its_parent(tiny_sd):
+def test_worker_exits_when_its_parent_pid_goes(tiny_sd):
+    """The ``--parent-pid`` watch (the worker's own parent lives on, so PR_SET_PDEATHSIG does
+    not fire; tests/e2e/test_diffusers_worker.py covers that and SIGTERM mid-generation)."""
     port = free_port()
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
@@ -180,17 +180,28 @@ def test_worker_exits_on_sigterm_and_with_its_parent(tiny_sd):
     finally:
         worker.kill()
         parent.kill()
-    worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
-                               str(tiny_sd), "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: _healthy(port), timeout=60)
-        started = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=10)
-        assert time.monotonic() - started < 10
-    finally:
-        worker.kill()
+
+
+def test_the_worker_answers_only_the_coordinator(server):
+    """Every worker is private: started with a secret only the coordinator knows (in its
+    environment, never on its command line), ``/health`` included."""
+    image = {"model": "tiny-sd", "prompt": "x", "size": "64x64", "x_steps": 1}
+    assert httpx.post(server.url + "/v1/images/generations", json=image,
+                      timeout=120).status_code == 200
+    worker = slot(server, "tiny-sd")
+    argv = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().decode().split("\0")
+    environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
+    secret = next(v[15:].decode() for v in environ if v.startswith(b"WORKER_API_KEY="))
+    assert len(secret) >= 32 and not any(secret in part for part in argv)
+    url = f"http://127.0.0.1:{worker['port']}"
+    for path in ("/health", "/progress"):
+        refused = httpx.get(url + path)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.post(url + "/generate", json={"prompt": "x"}).status_code == 401
+    assert httpx.get(url + "/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url + "/health",
+                     headers={"Authorization": f"Bearer {secret}"}).status_code == 200
 
 
 def _healthy(port: int) -> bool:

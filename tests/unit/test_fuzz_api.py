@@ -9,6 +9,7 @@ through schemathesis's own ASGI client, which runs the app's lifespan once.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import Counter
 
@@ -25,7 +26,8 @@ from model_boss.api.ollama import is_ollama_path
 
 from .fakes import coordinator, manifest
 
-EXAMPLES = 40  # per operation and mode; ~1,300 requests in all
+# per operation and mode: 20 is ~650 requests; MODEL_BOSS_FUZZ_EXAMPLES=200 for a deep run
+EXAMPLES = int(os.environ.get("MODEL_BOSS_FUZZ_EXAMPLES", "20"))
 NEVER = ("/api/v1/events",)  # an endless SSE stream; tested with ?stream=false in test_api
 MODELS = ("a", "alias-a", "img", "voice", "task:none")
 VALID = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
