@@ -7,6 +7,7 @@ official JavaScript client from npm where node and npm are there."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -299,13 +300,18 @@ def test_llm_cli_with_the_llm_ollama_plugin(server, tmp_path):
 
     listed = llm("ollama", "models")
     assert listed.returncode == 0 and "smollm2-135m" in listed.stdout, listed.stderr
-    # llm-ollama names models by their Ollama name, or from 0.17 on as "ollama/<name>"
-    chat_id = next(name for name in ("smollm2-135m", "ollama/smollm2-135m")
-                   if "Unknown model" not in llm("-m", name, "--no-log", "Hi", "-o",
-                                                 "num_predict", "1").stderr)
-    for mode in ([], ["--no-stream"]):
-        done = llm("-m", chat_id, "Say hello.", "-o", "num_predict", "4", *mode)
-        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    # llm-ollama names models by their Ollama name, or (newer releases) "ollama/<name>":
+    # the installed release's way first, the other only if that one is unknown
+    version = tuple(int(part) for part in importlib.metadata.version("llm-ollama").split(".")[:2])
+    names = ["ollama/smollm2-135m", "smollm2-135m"]
+    if version < (0, 17):
+        names.reverse()
+    done = llm("-m", names[0], "Say hello.", "-o", "num_predict", "4")
+    chat_id = names[0]
+    if "Unknown model" in done.stderr:
+        chat_id = names[1]
+        done = llm("-m", chat_id, "Say hello.", "-o", "num_predict", "4")
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
     embed_id = chat_id.replace("smollm2-135m", "smol-embed")
     embedded = llm("embed", "-m", embed_id, "-c", "a cat")
     assert embedded.returncode == 0, embedded.stderr
