@@ -8,12 +8,12 @@ import logging
 import os
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import psutil
 
 from .catalog import BackendKind, Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
-from .cluster import Cluster
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
@@ -30,6 +30,10 @@ from .runtime_config import RuntimeConfig, RuntimeValues
 from .settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 
 class Coordinator:
@@ -68,8 +72,11 @@ class Coordinator:
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
         from .services import job_runner
 
-        self.cluster = Cluster(settings, self.catalog, self.pool, self.queue, self.runtime) \
-            if settings.cluster else None
+        self.cluster: Cluster | None = None
+        if settings.cluster:  # only a member loads the Redis client
+            from .cluster import Cluster
+
+            self.cluster = Cluster(settings, self.catalog, self.pool, self.queue, self.runtime)
         if self.cluster is not None:
             self.events.listen(self.cluster.on_event)
             self.jobs: JobManager = self.cluster.job_manager(
