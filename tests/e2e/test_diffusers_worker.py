@@ -351,6 +351,24 @@ def test_failed_load_reports_the_error_then_shutdown(tmp_path):
         proc.stop()
 
 
+def test_sigterm_mid_generation_exits_promptly(tiny_sd, tmp_path):
+    proc = WorkerProcess(tiny_sd, tmp_path)
+    try:
+        proc.wait_state("ready")
+        thread = threading.Thread(target=lambda: _ignore_errors(
+            proc.post, "/generate", json={"prompt": "x", "width": 64, "height": 64,
+                                          "steps": 200}))
+        thread.start()
+        wait_for(lambda: httpx.get(proc.url + "/progress").json()["step"] >= 1, timeout=30)
+        started = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 5
+        thread.join(10)
+    finally:
+        proc.stop()
+
+
 def test_dies_with_its_parent(tiny_sd, tmp_path):
     """PR_SET_PDEATHSIG: no --parent-pid here, the kernel kills the orphan."""
     pid_file, port = tmp_path / "pid", free_port()
@@ -448,18 +466,3 @@ def test_offload_frees_vram_and_onload_beats_a_cold_load(tmp_path_factory):
         assert proc.health().json()["loads_from_disk"] == 1
     finally:
         proc.stop()
-
-
-def test_sigterm_mid_generation_exits_promptly(worker):
-    """Last in this module: it ends the module's worker (what a later test of ``worker``
-    would get is a dead process, so keep this at the end of the file)."""
-    thread = threading.Thread(target=lambda: _ignore_errors(
-        worker.post, "/generate", json={"prompt": "x", "width": 64, "height": 64,
-                                        "steps": 200}))
-    thread.start()
-    wait_for(lambda: httpx.get(worker.url + "/progress").json()["step"] >= 1, timeout=30)
-    started = time.monotonic()
-    worker.proc.send_signal(signal.SIGTERM)
-    assert worker.proc.wait(timeout=15) == 0
-    assert time.monotonic() - started < 5
-    thread.join(10)

@@ -7,7 +7,7 @@ lease table, taken with no await between them) as fast as it can and records a v
 a slot serves a request without a held lease, runs one in a state other than READY/DRAINING,
 holds a lease the store does not know, or when leases add up to more than the GPU.
 
-The default run lasts 60 s (part of the test command); set ``MODEL_BOSS_STRESS_S=600`` for the
+The default run lasts 20 s (part of the test command); set ``MODEL_BOSS_STRESS_S=600`` for the
 long run.
 """
 
@@ -26,7 +26,7 @@ from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
 
-DURATION_S = float(os.environ.get("MODEL_BOSS_STRESS_S", "30"))  # longer runs: set it
+DURATION_S = float(os.environ.get("MODEL_BOSS_STRESS_S", "20"))  # longer runs: set it
 GPU_MB = 4096
 MARGIN_MB = 512
 SERVING_STATES = ("ready", "draining")
