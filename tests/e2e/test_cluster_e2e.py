@@ -211,7 +211,16 @@ def test_a_job_cancelled_on_one_member_stops_where_it_runs(members):
     job = httpx.post(a.url + "/api/v1/jobs", timeout=10,
                      json={"endpoint": "/v1/chat/completions", "body": body}).json()
     job_url = a.url + f"/api/v1/jobs/{job['id']}"
-    wait_for(lambda: httpx.get(job_url, timeout=10).json()["status"] == "running", timeout=30)
+    seen: list[dict] = []
+
+    def running() -> bool:
+        seen.append(httpx.get(job_url, timeout=10).json())
+        return seen[-1]["status"] == "running"
+
+    try:
+        wait_for(running, timeout=30)
+    except AssertionError:
+        raise AssertionError(f"the job never ran; last seen: {seen[-1:]}") from None
     assert httpx.get(job_url, timeout=10).json()["member"] == "b"  # m2 is warm there
     assert httpx.delete(job_url, timeout=10).json()["status"] == "cancelled"
 
