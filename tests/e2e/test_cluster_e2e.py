@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 SECRET = "cluster-test-secret"
 HEARTBEAT_S = 0.5
+# eight heartbeats: a member busy on a saturated 2-core box (the rest of the suite runs beside
+# this module) must not drop out of the others' view and back between two requests
+MEMBER_TTL_S = 4.0
 MODELS = ("m1", "m2", "m3")
 
 
@@ -54,8 +57,8 @@ def members(tmp_path_factory, demo_gguf, redis_server):
         servers[host] = ServerProcess(
             tmp_path_factory.mktemp(f"member-{host}"),
             {"redis_url": redis_server.url, "cluster": True, "host_id": host,
-             "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": 2.0,
-             "cluster_load_lock_s": 10.0, "cluster_job_claim_s": 2.0, "lease_ttl_s": 2.0,
+             "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": MEMBER_TTL_S,
+             "cluster_load_lock_s": 10.0, "cluster_job_claim_s": 2.0, "lease_ttl_s": MEMBER_TTL_S,
              "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}]},
             manifests, env={"MODEL_BOSS_CLUSTER_SECRET": SECRET})
     try:
