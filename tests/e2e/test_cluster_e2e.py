@@ -152,8 +152,10 @@ def test_a_model_nowhere_loads_on_the_member_with_room(members):
 
 def test_the_same_burst_to_all_three_loads_once_where_there_is_room(members):
     servers = list(members.values())
-    wait_for(lambda: all(m["free_mb"]["0"] >= 3000 for m in cluster(servers[0])["members"]
-                         if m["host_id"] == "a"), timeout=10)
+    # every member must have seen the outside lease on A go (the previous test's): a member
+    # still holding A's older record would rightly count A as full and load it itself
+    wait_for(lambda: all(m["free_mb"]["0"] >= 3000 for s in servers
+                         for m in cluster(s)["members"] if m["host_id"] == "a"), timeout=10)
 
     before = sum(loads(s, "m3") for s in servers)  # the first burst loaded it once
     answers = burst(servers, "m3")
