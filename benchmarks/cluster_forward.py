@@ -36,6 +36,7 @@ from benchmarks.proxy_overhead import (
     Row,
     first_chunk,
     latencies,
+    load_args,
     loaded,
     pct,
     request_bytes,
@@ -92,13 +93,7 @@ def served_by(server: ServerProcess, model: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=1000,
-                        help="sequential requests for the concurrency-1 latencies")
-    parser.add_argument("--seconds", type=float, default=5.0,
-                        help="duration of each throughput run")
-    parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
+    args = load_args(__doc__)
     processes: list[subprocess.Popen] = []
     servers: list[ServerProcess] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -210,14 +210,20 @@ def up(port: int) -> bool:
         return False
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def load_args(doc: str | None) -> argparse.Namespace:
+    """The flags both this and cluster_forward.py take: how many sequential requests, how
+    long each throughput run lasts, at which concurrency."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000,
                         help="sequential requests for the concurrency-1 latencies")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="duration of each throughput run")
     parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = load_args(__doc__)
     processes: list[subprocess.Popen] = []
     server: ServerProcess | None = None
     try:
