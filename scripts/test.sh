@@ -5,6 +5,11 @@
 # one file per process at a time so module-scoped coordinators stay whole).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts hundreds of Python processes (coordinators, workers, clients). With
+# PYTHONDONTWRITEBYTECODE set (some images set it), each would compile every module it imports
+# from source again, and pytest would re-rewrite its plugins' asserts in every test process:
+# here that cost the suite about a fifth of its time. Bytecode goes to __pycache__ (ignored).
+unset PYTHONDONTWRITEBYTECODE
 scripts/setup.sh "llama,diffusion,test"
 .venv/bin/lint-imports  # the layer contract in pyproject.toml [tool.importlinter]
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then

@@ -7,6 +7,8 @@ it); without them this module is skipped, saying which is missing.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,9 +22,10 @@ from tests.conftest import ServerProcess, llama_manifest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 REASON = "needs the 'clients' extra: pip install -e '.[clients]'"
-langchain_openai = pytest.importorskip("langchain_openai", reason=REASON)
-litellm = pytest.importorskip("litellm", reason=REASON)
-pytest.importorskip("llm", reason=REASON)
+MISSING = [name for name in ("langchain_openai", "litellm", "llm")
+           if importlib.util.find_spec(name) is None]
+if MISSING:
+    pytest.skip(f"{', '.join(MISSING)} not installed: {REASON}", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +47,19 @@ def server(tmp_path_factory, demo_gguf):
 # --- langchain-openai ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def chat_model(server):
+def langchain_openai():
+    """Imported here, not at collection: every test process collects this module, and
+    langchain and litellm take seconds to import."""
+    return importlib.import_module("langchain_openai")
+
+
+@pytest.fixture(scope="module")
+def litellm():
+    return importlib.import_module("litellm")
+
+
+@pytest.fixture(scope="module")
+def chat_model(server, langchain_openai):
     return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused",
                                        model="smol", max_tokens=8, temperature=0)
 
@@ -61,7 +76,7 @@ async def test_langchain_async(chat_model):
     assert "".join(pieces).strip()
 
 
-def test_langchain_structured_output(server):
+def test_langchain_structured_output(server, langchain_openai):
     model = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused",
                                         model="smol", max_tokens=24, temperature=0)
     answer = model.with_structured_output(FLAG, method="json_schema").invoke("Is the sky blue?")
@@ -71,24 +86,24 @@ def test_langchain_structured_output(server):
 # --- litellm -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def route(server):
+def route(server, litellm):
     litellm.suppress_debug_info = True
     return {"model": "openai/smol", "api_base": server.url + "/v1", "api_key": "unused"}
 
 
-def test_litellm_completion_and_stream(route):
+def test_litellm_completion_and_stream(route, litellm):
     reply = litellm.completion(messages=HI, max_tokens=5, **route)
     assert reply.choices[0].message.content and reply.usage.completion_tokens <= 5
     chunks = list(litellm.completion(messages=HI, max_tokens=5, stream=True, **route))
     assert "".join(c.choices[0].delta.content or "" for c in chunks).strip()
 
 
-async def test_litellm_async(route):
+async def test_litellm_async(route, litellm):
     reply = await litellm.acompletion(messages=HI, max_tokens=3, **route)
     assert reply.choices[0].message.content
 
 
-def test_litellm_sees_model_boss_400s_as_bad_requests(route):
+def test_litellm_sees_model_boss_400s_as_bad_requests(route, litellm):
     with pytest.raises(litellm.BadRequestError, match="serves at most 1 choice"):
         litellm.completion(messages=HI, max_tokens=3, n=3, **route)
 
