@@ -270,3 +270,12 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd(tmp_path_factory) -> Path:
+    """A tiny random-weight StableDiffusionPipeline on disk, shared by the whole run (tests
+    only read it)."""
+    from tests.diffusion_fixtures import shared_tiny_sd
+
+    return shared_tiny_sd(tmp_path_factory)

@@ -6,6 +6,7 @@ No hub access: the CLIP tokenizer is built from a small vocabulary written to di
 from __future__ import annotations
 
 import json
+import os
 import string
 import tempfile
 from pathlib import Path
@@ -60,4 +61,20 @@ def build_tiny_sd_pipeline(path: Path, width: int = 32) -> Path:
             scheduler=scheduler, safety_checker=None, feature_extractor=None,
             image_encoder=None, requires_safety_checker=False)
         pipe.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def shared_tiny_sd(tmp_path_factory) -> Path:
+    """The width-32 pipeline, built once per run however many test processes ask: the first
+    builds it under a lock in the directory xdist's processes share, the rest load nothing
+    (building imports diffusers and transformers, seconds of CPU in each process)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "shared-tiny-sd"
+    with FileLock(str(root / "shared-tiny-sd.lock")):
+        if not (path / "model_index.json").exists():
+            build_tiny_sd_pipeline(root / "shared-tiny-sd.partial")
+            (root / "shared-tiny-sd.partial").rename(path)
     return path

@@ -68,11 +68,6 @@ class WorkerProcess:
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory) -> Path:
-    return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
-
-
-@pytest.fixture(scope="module")
 def worker(tiny_sd, tmp_path_factory):
     proc = WorkerProcess(tiny_sd, tmp_path_factory.mktemp("logs"))
     proc.wait_state("ready")

@@ -14,16 +14,10 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for
-from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
 
 ONE_MODEL_GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}]}
-
-
-@pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
 
 
 def sd_manifest(path, **extra):

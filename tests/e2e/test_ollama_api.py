@@ -38,6 +38,10 @@ def server(tmp_path_factory, demo_gguf):
     workdir = tmp_path_factory.mktemp("ollama")
     (workdir / "tasks.yaml").write_text(TASKS)
     shipped = yaml.safe_load((ROOT / "manifests" / "smollm2.yaml").read_text())
+    # one thread, as llama_manifest gives: with its default (every core) on this suite's two
+    # processes on two cores, llama.cpp's threads wait on each other and a 6-token reply
+    # took up to 14 s while the other process ran diffusers
+    shipped["threads"] = 1
     manifests = [
         shipped,  # the demo manifest as shipped: its Ollama alias smollm2:135m
         llama_manifest("smol-embed", demo_gguf, embeddings=True, category="embedding",

@@ -12,7 +12,6 @@ import psutil
 import pytest
 
 from tests.conftest import ServerProcess, pid_alive, wait_for, worker_secret
-from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +28,9 @@ def leases(server: ServerProcess) -> list[dict]:
     return httpx.get(server.url + "/api/v1/leases", timeout=10).json()["leases"]
 
 
-def test_spare_is_taken_by_a_cold_load_replaced_and_dies_with_the_coordinator(tmp_path):
-    pipe = build_tiny_sd_pipeline(tmp_path / "tiny-sd")
+def test_spare_is_taken_by_a_cold_load_replaced_and_dies_with_the_coordinator(tmp_path,
+                                                                           tiny_sd):
+    pipe = tiny_sd
     manifest = {"id": "sd-a", "category": "diffusion", "backend": "diffusers",
                 "path": str(pipe), "vram_mb": 3000}
     server = ServerProcess(tmp_path / "server", GPU, [manifest]).start()

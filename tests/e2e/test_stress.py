@@ -22,7 +22,6 @@ import httpx
 import pytest
 
 from tests.conftest import llama_manifest, wait_for
-from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +53,6 @@ def violations_in(status: dict) -> list[str]:
         if gpu["leased_mb"] > gpu["capacity_mb"] - MARGIN_MB:
             found.append(f"GPU {gpu['index']}: {gpu['leased_mb']} MB leased, over capacity")
     return found
-
-
-@pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return build_tiny_sd_pipeline(tmp_path_factory.mktemp("pipelines") / "tiny-sd")
 
 
 @pytest.mark.timeout(DURATION_S + 240)
