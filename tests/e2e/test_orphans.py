@@ -59,6 +59,11 @@ def subreaper():
     try:
         yield reap
     finally:
+        # the second coordinator's worker leaves its grandchild to us too when it stops
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(child.pid, os.WNOHANG)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 0)
 
 
