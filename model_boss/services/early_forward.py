@@ -26,6 +26,7 @@ from ..cluster import FORWARDED_HEADER, MemberRecord
 from ..errors import ModelBossError
 from .clustered import forward_body, forward_to
 from .extensions import pop_extensions
+from .serving import effective_priority
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -77,8 +78,7 @@ def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
     profile = settings.clients.get(client_id)
     if ext.task is not None or (profile is not None and profile.allowed_models is not None):
         return None
-    priority = next(p for p in (ext.priority, profile.priority if profile else None,
-                                manifest.priority, settings.default_priority) if p is not None)
+    priority = effective_priority(settings, ext.priority, profile, manifest=manifest)
     body["model"] = manifest.id
     return EarlyForward(route.member, endpoint, manifest.id, forward_body(
         body, ext, client_id=client_id, priority=priority, budget_s=ext.budget_s))

@@ -40,7 +40,7 @@ from .redact import redacted
 if TYPE_CHECKING:
     from ..catalog.tasks import TaskSpec
     from ..coordinator import Coordinator
-    from ..settings import ClientProfile
+    from ..settings import ClientProfile, Settings
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +86,16 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
     profile = settings.clients.get(client_id)
-    priority = ext.priority
-    if priority is None and profile and profile.priority is not None:
-        priority = profile.priority
     task_name = ext.task
     if task_name is None and not body.get("model") and not (profile and profile.default_task):
         task_name = default_task(coord)
-    plan = await coord.router.resolve(body.get("model"), task=task_name,
-                                      priority=priority if priority is not None
-                                      else settings.default_priority, profile=profile)
+    plan = await coord.router.resolve(
+        body.get("model"), task=task_name, profile=profile,
+        priority=effective_priority(settings, ext.priority, profile))
     task = plan.task
     if task is not None:
         # task params are defaults: the request's own values win, an explicit null does not
         body = {**task.params, **{k: v for k, v in body.items() if v is not None}}
-        if priority is None:
-            priority = task.priority
     budget_s = ext.budget_s if ext.budget_s is not None else (task.budget_s if task else None)
     keep_alive = ext.keep_alive_s
     if keep_alive is None and task is not None:
@@ -120,9 +115,7 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             continue
         queued = QueuedRequest(
             model_id=model_id, client_id=client_id, endpoint=endpoint, budget_s=remaining,
-            priority=priority if priority is not None else (
-                manifest.priority if manifest.priority is not None
-                else settings.default_priority),
+            priority=effective_priority(settings, ext.priority, profile, task, manifest),
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
@@ -139,6 +132,18 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             coord.events.emit("fallback", model=model_id, to=plan.candidates[position + 1],
                               task=task.name if task else None, error=exc.message)
     raise last_error or ModelUnavailable("no candidate could serve the request")
+
+
+def effective_priority(settings: Settings, asked: int | None, profile: ClientProfile | None,
+                       task: TaskSpec | None = None,
+                       manifest: ModelManifest | None = None) -> int:
+    """The priority a request runs at: its own, else its client profile's, its task's, its
+    model's, and last the default."""
+    for priority in (asked, profile and profile.priority, task and task.priority,
+                     manifest and manifest.priority):
+        if priority is not None:
+            return priority
+    return settings.default_priority
 
 
 def _share(profile: ClientProfile | None, task: TaskSpec | None) -> float:
