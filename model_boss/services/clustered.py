@@ -8,6 +8,7 @@ cannot be reached is forgotten until its next heartbeat and the request is serve
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -49,18 +50,15 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
         return await here()
     route = await cluster.route(queued.model_id, queued.priority)
     async with cluster.holding(route):
-        if route.member is None:
-            served = await here()
-            served.headers[MEMBER_HEADER] = cluster.host_id
-            return served
-        sent = forward_body(body, ext, client_id=queued.client_id, priority=queued.priority,
-                            budget_s=queued.budget_s)
-        try:
-            return await forward_to(coord, route.member, queued.endpoint, queued.model_id, sent)
-        except MemberUnreachable:
-            served = await here()
-            served.headers[MEMBER_HEADER] = cluster.host_id
-            return served
+        if route.member is not None:
+            sent = forward_body(body, ext, client_id=queued.client_id,
+                                priority=queued.priority, budget_s=queued.budget_s)
+            with contextlib.suppress(MemberUnreachable):  # then it is served here
+                return await forward_to(coord, route.member, queued.endpoint,
+                                        queued.model_id, sent)
+        served = await here()
+        served.headers[MEMBER_HEADER] = cluster.host_id
+        return served
 
 
 async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, model_id: str,
