@@ -278,3 +278,27 @@ def test_look_ahead_and_cost_order(case, slots, wanted, expected):
 ])
 def test_victims_are_pruned(case, need, free, candidates, expected):
     assert [v.model_id for v in victims_for(need, free, candidates)] == expected, case
+
+
+# --- a request's priority: its own, its client's, its task's, its model's, the default -----
+
+@pytest.mark.parametrize("asked, client, task, model, expected", [
+    (None, None, None, None, 7),     # nothing says: the default
+    (None, None, None, 3, 3),        # the model's
+    (None, None, 2, 3, 2),           # the task's over the model's
+    (None, 1, 2, 3, 1),              # the client's over the task's
+    (0, 1, 2, 3, 0),                 # the request's own over all, 0 included
+    (None, 0, None, 9, 0),           # a client at 0 is not "unset"
+    (9, None, None, 0, 9),           # a request may ask for less than its model's
+    (None, "no profile", None, 4, 4),  # a client with no profile at all
+])
+def test_effective_priority(asked, client, task, model, expected):
+    from model_boss.catalog.tasks import TaskSpec
+    from model_boss.services.serving import effective_priority
+    from model_boss.settings import ClientProfile, Settings
+
+    settings = Settings(default_priority=7, manifests=[], tasks_file=None, use_nvml=False)
+    profile = None if client == "no profile" else ClientProfile(priority=client)
+    spec = TaskSpec(candidates=["m"], priority=task)
+    manifest = ModelManifest(id="m", priority=model)
+    assert effective_priority(settings, asked, profile, spec, manifest) == expected
