@@ -1,6 +1,6 @@
 """Replay request traces through the scheduler's own ordering and planner.
 
-The simulation lives in the package (:mod:`model_boss.inference.simulator`, also behind
+The simulation lives in the package (:mod:`model_boss.simulation.simulator`, also behind
 ``model-boss simulate``); this benchmark prints two tables, each against baselines from the
 same run:
 
@@ -11,7 +11,7 @@ same run:
 3. waits per priority on the bursty trace, today's policy against the new one at several
    aging rates (``aging_s``), with the p95 ratios to today's: one request at a time on the
    whole GPU, then loaded models side by side with 1 and 4 slots each, as the coordinator
-   serves (:mod:`model_boss.inference.sim_side_by_side`).
+   serves (:mod:`model_boss.simulation.side_by_side`).
 
     .venv/bin/python benchmarks/scheduler_sim.py [--seed 7] [--seeds 20] [--trace log.jsonl]
 """
@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from model_boss.inference.ordering import OrderPolicy
-from model_boss.inference.sim_side_by_side import simulate_side_by_side
-from model_boss.inference.simulator import (
+from model_boss.scheduling.ordering import OrderPolicy
+from model_boss.simulation.side_by_side import simulate_side_by_side
+from model_boss.simulation.simulator import (
     KNOWN_RATES,
     MODEL_BOSS,
     POLICIES,
@@ -37,7 +37,7 @@ from model_boss.inference.simulator import (
     simulate,
     wait_summary,
 )
-from model_boss.inference.traces import bursty_trace, jsonl_trace, workshop_trace
+from model_boss.simulation.traces import bursty_trace, jsonl_trace, workshop_trace
 
 
 def belady_table(traces: list[Trace]) -> list[dict]:

@@ -11,9 +11,9 @@ import time
 
 import httpx
 
-from . import simulate_cli
 from .errors import ConfigError
 from .ps_table import render_ps
+from .simulation import cli as simulate_cli
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -8,10 +8,13 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import psutil
 
+from .backends.process import reap_orphans
+from .backends.spare import DIFFUSERS
 from .catalog import BackendKind, Catalog, load_manifests
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
@@ -19,15 +22,15 @@ from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
 from .image_files import ImageFiles
-from .inference import InferenceQueue, ModelPool, SlotState
-from .inference.pool import BackendFactory, default_backend_factory
-from .inference.process import reap_orphans
-from .inference.router import ModelRouter
-from .inference.spare import DIFFUSERS
-from .jobs import EmbeddedJobStore, JobManager, RedisJobStore
+from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
+from .jobs.runner import Answer, Dispatched, JobRunner
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
+from .scheduling.queue import InferenceQueue
+from .scheduling.router import ModelRouter
 from .settings import Settings
+from .slots.pool import BackendFactory, ModelPool, default_backend_factory
+from .slots.slot import SlotState
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,19 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from .cluster import Cluster
 
+# serves one job's request through the same path a live request takes (services.run_job)
+JobWork = Callable[["Coordinator", Job, Dispatched], Awaitable[Answer]]
+
 
 class Coordinator:
     """Everything one daemon runs. ``start()`` / ``stop()`` bracket its life."""
 
     def __init__(self, settings: Settings, *,
-                 backend_factory: BackendFactory = default_backend_factory) -> None:
+                 backend_factory: BackendFactory = default_backend_factory,
+                 job_work: JobWork | None = None) -> None:
+        """``job_work`` serves a job's request (the service layer's ``run_job``); the
+        coordinator sits below the services and is handed it instead of importing it.
+        Without it, a submitted job fails with :class:`~.errors.ConfigError`."""
         self.settings = settings
         self.events = EventBus()
         self.metrics = Metrics()
@@ -70,8 +80,9 @@ class Coordinator:
         self.base_url = f"http://{settings.host}:{settings.port}"
         job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
-        from .services import job_runner
-
+        runner = JobRunner(self.catalog, self.pool,
+                           lambda job, dispatched: self._job_work(job, dispatched))
+        self.job_work = job_work
         self.cluster: Cluster | None = None
         if settings.cluster:  # only a member loads the Redis client
             from .cluster import Cluster
@@ -80,13 +91,18 @@ class Coordinator:
         if self.cluster is not None:
             self.events.listen(self.cluster.on_event)
             self.jobs: JobManager = self.cluster.job_manager(
-                job_store, job_runner(self), result_ttl_s=settings.job_result_ttl_s,
+                job_store, runner, result_ttl_s=settings.job_result_ttl_s,
                 max_active=settings.max_jobs)
         else:
-            self.jobs = JobManager(job_store, job_runner(self),
+            self.jobs = JobManager(job_store, runner,
                                    result_ttl_s=settings.job_result_ttl_s,
                                    max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
+
+    async def _job_work(self, job: Job, dispatched: Dispatched) -> Answer:
+        if self.job_work is None:
+            raise ConfigError("this coordinator was built without a job service (job_work)")
+        return await self.job_work(self, job, dispatched)
 
     def _make_store(self) -> LeaseStore:
         if self.settings.redis_url:

@@ -134,6 +134,16 @@ class CapacityExceeded(ModelBossError):
     code = "capacity_exceeded"
 
 
+class ModelBusy(CapacityExceeded):
+    """An unload or offload found the model serving requests and was not asked to wait."""
+
+    status_code = 409
+    code = "model_busy"
+
+    def __init__(self, model_id: str, active: int) -> None:
+        super().__init__(f"'{model_id}' is serving {active} request(s)", retry_after_s=2)
+
+
 class BudgetExceeded(ModelBossError):
     status_code = 503
     error_type = "server_error"

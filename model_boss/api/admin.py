@@ -1,4 +1,5 @@
-"""Admin surface: health, status, model load/unload/pin, config, tasks, events (SSE), metrics."""
+"""Admin surface: health, status, model load/unload/pin, config, tasks, events (SSE), metrics,
+the cluster's members."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..inference import SlotState
-from ..inference.waiting import waiting_list
 from ..runtime_config import RuntimeValues
+from ..scheduling.waiting import waiting_list
+from ..slots.slot import SlotState
 from .context import coordinator_of
 
 router = APIRouter(tags=["admin"])
@@ -166,3 +167,13 @@ async def put_config(request: Request, patch: RuntimeValues) -> dict[str, Any]:
 @router.get("/api/v1/tasks")
 async def list_tasks(request: Request) -> dict[str, Any]:
     return {"tasks": coordinator_of(request).tasks.to_list()}
+
+
+@router.get("/api/v1/cluster", tags=["cluster"])
+async def cluster(request: Request) -> dict[str, Any]:
+    """The members sharing this coordinator's Redis, and where each model is (which member,
+    which state and tier)."""
+    coord = coordinator_of(request)
+    if coord.cluster is None:
+        return {"enabled": False, "host_id": None, "members": [], "models": {}}
+    return await coord.cluster.describe()

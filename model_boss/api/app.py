@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from ..coordinator import Coordinator
+from ..services import run_job
 from ..settings import Settings, load_settings
-from . import admin, cluster, dashboard, images, jobs, leases, llamacpp, ollama, openai
+from . import admin, dashboard, jobs, leases, llamacpp, ollama, openai
 from .early_forward import EarlyForwarding
 from .errors import install_error_handlers
 from .limits import BodyLimit
@@ -22,7 +23,7 @@ def create_app(settings: Settings | None = None, *,
     and the YAML file ``MODEL_BOSS_CONFIG`` names (as ``model-boss serve --config`` reads),
     so ``uvicorn --factory model_boss.api.app:create_app`` serves the same daemon. The
     coordinator starts with the app's lifespan and stops with it."""
-    coord = coordinator or Coordinator(settings or load_settings())
+    coord = coordinator or Coordinator(settings or load_settings(), job_work=run_job)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +44,6 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(ollama.OllamaErrors)
-    for module in (openai, llamacpp, ollama, admin, images, jobs, leases, cluster, dashboard):
+    for module in (openai, llamacpp, ollama, admin, jobs, leases, dashboard):
         app.include_router(module.router)
     return app

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..coordinator import Coordinator
-from ..inference.waiting import queue_place
 from ..jobs import Job
+from ..scheduling.waiting import queue_place
 from ..services import ENDPOINT_BODIES, parse, pop_extensions
 from .context import coordinator_of
 

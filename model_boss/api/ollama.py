@@ -13,9 +13,9 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import BadRequest
-from ..services import ollama as service
-from ..services.ollama_models import ps, show, tags
-from ..services.ollama_schemas import (
+from ..services.ollama import service
+from ..services.ollama.models import ps, show, tags
+from ..services.ollama.schemas import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, speech,
-the Responses API. The routes llama-server answers without the ``/v1`` prefix answer here
-too, so clients written for it work unchanged."""
+images (and the files ``response_format: url`` links to), the Responses API. The routes
+llama-server answers without the ``/v1`` prefix answer here too, so clients written for it
+work unchanged."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ..inference import SlotState
 from ..services import (
+    FILES_PATH,
+    IMAGES,
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    ImageRequest,
     ResponsesRequest,
     SpeechRequest,
+    generate_images,
     pop_extensions,
     serve_streaming,
 )
 from ..services.redact import redact
 from ..services.schemas import OpenAIRequest
+from ..slots.slot import SlotState
 from .context import coordinator_of, disconnect_watch, to_response
 
 router = APIRouter(tags=["openai"])
@@ -83,3 +88,19 @@ async def responses(request: Request, body: ResponsesRequest) -> Response:
 @router.post("/v1/audio/speech")
 async def speech(request: Request, body: SpeechRequest) -> Response:
     return await serve_body(request, "/v1/audio/speech", body)
+
+
+@router.post(IMAGES)
+async def images_generations(request: Request, body: ImageRequest) -> Response:
+    ext = pop_extensions(body.model_dump(exclude_unset=True), request.headers)
+    async with disconnect_watch(request) as gone:
+        served = await generate_images(coordinator_of(request), body, ext,
+                                       str(request.base_url), disconnected=gone)
+    return to_response(served)
+
+
+@router.get(FILES_PATH + "{name}", response_class=Response,
+            responses={200: {"content": {"image/png": {}}}})
+async def image_file(request: Request, name: str) -> Response:
+    path = coordinator_of(request).image_files.path(name)
+    return Response(path.read_bytes(), media_type="image/png")

@@ -6,7 +6,7 @@ Order of preference:
    queue, this member on a tie;
 2. a member where it is on its way (LOADING, or parked in CPU RAM: OFFLOADED), so a second
    copy is not loaded beside it;
-3. nowhere: each member's own :func:`~model_boss.inference.planner.plan` over its published
+3. nowhere: each member's own :func:`~model_boss.scheduling.planner.plan` over its published
    snapshot; fits without eviction first, then the cheapest eviction (fewest MB evicted),
    then waiting for room; within each, the shortest queue, then this member, then the host
    id (so every member, given the same records, names the same one).
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..inference.planner import Demand, Evict, Fit, Never, Wait, plan
+from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
 from .records import MemberRecord
 
 ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")

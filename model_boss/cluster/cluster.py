@@ -16,10 +16,11 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..errors import StoreUnavailable
-from ..inference import InferenceQueue, ModelPool
 from ..jobs import Job, JobStore, Runner
 from ..runtime_config import RuntimeConfig
+from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
+from ..slots.pool import ModelPool
 from .choice import Here, There, where_cold, where_warm
 from .forward import Forwarder
 from .jobs import ANY, JobStreams, StreamJobManager

@@ -4,7 +4,7 @@ A forward carries two headers: ``X-Model-Boss-Forwarded`` (the sending member's 
 the receiver serves it itself, so a request makes one hop at most) and
 ``X-Model-Boss-Cluster-Secret``. A request with the first and without the right second is
 refused (403) before anything else reads it. A :class:`~.member_link.MemberLink` per member
-carries the bytes (the pooled aiohttp client of :mod:`model_boss.inference.upstream` for a
+carries the bytes (the pooled aiohttp client of :mod:`model_boss.backends.upstream` for a
 member reached over https); streams pass through chunk by chunk.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ..inference.upstream import UpstreamClient, UpstreamReply, UpstreamTransportError
+from ..backends.upstream import UpstreamClient, UpstreamReply, UpstreamTransportError
 from .member_link import MemberLink
 from .records import MemberRecord
 

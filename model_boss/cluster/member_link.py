@@ -8,11 +8,11 @@ asyncio protocol and httptools' parser (the one uvicorn serves with) 27 µs. The
 always another model-boss (uvicorn) over plain HTTP/1.1, so this client needs no more than:
 POST a body; read the status, two headers and the body (content-length or chunked, as
 httptools decodes it), a stream chunk by chunk with back-pressure. Members reached over
-``https`` go through :class:`~model_boss.inference.upstream.UpstreamClient` instead.
+``https`` go through :class:`~model_boss.backends.upstream.UpstreamClient` instead.
 
 A pooled connection the member closed just as it was reused (uvicorn drops idle ones after
 a few seconds) is retried once on a fresh one, since no byte of an answer came back; any
-other failure is an :class:`~model_boss.inference.upstream.UpstreamTransportError`. A caller
+other failure is an :class:`~model_boss.backends.upstream.UpstreamTransportError`. A caller
 that stops waiting or stops reading closes the connection, so the member sees its client go.
 """
 
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ..inference.upstream import UpstreamReply, UpstreamTransportError
+from ..backends.upstream import UpstreamReply, UpstreamTransportError
 
 _HIGH_WATER = 256 * 1024  # stream bytes held unread before the socket is paused
 

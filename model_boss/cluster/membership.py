@@ -21,8 +21,9 @@ from collections.abc import Callable
 from .. import __version__
 from ..catalog import Catalog
 from ..errors import StoreUnavailable
-from ..inference import InferenceQueue, ModelPool
+from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
+from ..slots.pool import ModelPool
 from .records import MemberRecord, SlotRecord
 from .store import ClusterStore, Notice
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..inference.eviction import SlotView
-from ..inference.planner import Snapshot
+from ..scheduling.eviction import SlotView
+from ..scheduling.planner import Snapshot
+from ..scheduling.states import SlotState
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ class SlotRecord:
 
     @property
     def parallel_free(self) -> int:
-        return max(0, self.parallel - self.active) if self.state == "ready" else 0
+        return max(0, self.parallel - self.active) if self.state == SlotState.READY else 0
 
     def view(self) -> SlotView:
         return SlotView(self.model, self.state, self.pinned, self.active, self.last_used,

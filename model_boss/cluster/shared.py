@@ -18,8 +18,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import StoreUnavailable
-from ..inference.learned import LearnedStats
 from ..runtime_config import RuntimeConfig
+from ..scheduling.learned import LearnedStats
 from .membership import Membership
 from .store import ClusterStore
 

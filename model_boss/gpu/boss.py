@@ -9,40 +9,15 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from ..errors import BadRequest, LeaseNotFound, LeaseUnavailable
 from .embedded_store import EmbeddedLeaseStore
-from .inventory import GPUInfo, NvmlProbe
+from .inventory import GPUInfo, GPUUsage, NvmlProbe
 from .lease import Lease, LeaseStore, new_lease_id
 
 log = logging.getLogger(__name__)
 
 LeaseLost = Callable[[Lease, str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class GPUUsage:
-    """One GPU as the scheduler sees it right now."""
-
-    index: int
-    name: str
-    capacity_mb: int
-    leased_mb: int
-    free_mb: int  # effective: min(capacity - leased - margin, NVML free - margin), >= 0
-    nvml_free_mb: int | None
-    source: str
-
-    def to_dict(self) -> dict:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "capacity_mb": self.capacity_mb,
-            "leased_mb": self.leased_mb,
-            "free_mb": self.free_mb,
-            "nvml_free_mb": self.nvml_free_mb,
-            "source": self.source,
-        }
 
 
 def default_holder(tag: str = "client") -> str:

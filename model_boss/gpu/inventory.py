@@ -74,3 +74,27 @@ def discover_gpus(declared: list, nvml: NvmlProbe | None) -> list[GPUInfo]:
     if declared:
         return [GPUInfo(g.index, g.name, g.vram_mb, "declared") for g in declared]
     return [GPUInfo(0, "declared-8g", DEFAULT_DECLARED_MB, "declared")]
+
+
+@dataclass(frozen=True, slots=True)
+class GPUUsage:
+    """One GPU as the scheduler sees it right now."""
+
+    index: int
+    name: str
+    capacity_mb: int
+    leased_mb: int
+    free_mb: int  # effective: min(capacity - leased - margin, NVML free - margin), >= 0
+    nvml_free_mb: int | None
+    source: str
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "capacity_mb": self.capacity_mb,
+            "leased_mb": self.leased_mb,
+            "free_mb": self.free_mb,
+            "nvml_free_mb": self.nvml_free_mb,
+            "source": self.source,
+        }

@@ -12,10 +12,13 @@ from typing import Any, Protocol
 import orjson
 
 from ..catalog import Catalog
-from ..inference import ModelPool, SlotState, SlotTicket
+from ..scheduling.queue import SlotTicket
+from ..slots.pool import ModelPool
+from ..slots.slot import SlotState
 from .job import Job, JobStatus
 from .manager import JobManager
 
+# told when a request has been granted a slot (a job follows its work from there)
 Dispatched = Callable[[SlotTicket], None]
 
 

@@ -4,7 +4,7 @@ arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette.""
 from .cancel import ClientDisconnected, unless_disconnected
 from .extensions import Extensions, pop_extensions
 from .images import FILES_PATH, IMAGES, generate_images
-from .jobs import job_runner, run_job
+from .jobs import run_job
 from .load_wait import serve_streaming
 from .schemas import (
     ENDPOINT_BODIES,
@@ -15,7 +15,8 @@ from .schemas import (
     ResponsesRequest,
     SpeechRequest,
 )
-from .serving import MODEL_HEADER, WAIT_HEADER, Served, serve
+from .served import MODEL_HEADER, WAIT_HEADER, Served
+from .serving import serve
 from .validation import bad_request, parse
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
     "SpeechRequest",
     "bad_request",
     "generate_images",
-    "job_runner",
     "parse",
     "pop_extensions",
     "run_job",

@@ -17,13 +17,13 @@ import orjson
 
 from ..cluster import MEMBER_HEADER, MemberRecord, MemberUnreachable
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
-from ..inference import QueuedRequest
+from ..scheduling.queue import QueuedRequest
 from .extensions import Extensions
 from .native import NATIVE_BODIES
+from .served import MODEL_HEADER, Served, sse_error
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
-    from .serving import Served
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,6 @@ async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, mo
     """Send ``body`` on to ``member`` and pass its answer through (an error answer raised as
     the error it was there). A member that cannot be reached is forgotten until its next
     heartbeat, and :class:`MemberUnreachable` goes up: nothing was answered yet."""
-    from .serving import MODEL_HEADER, Served, sse_error
-
     cluster = coord.cluster
     assert cluster is not None
     try:

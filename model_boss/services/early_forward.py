@@ -30,7 +30,7 @@ from .serving import effective_priority
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
-    from .serving import Served
+    from .served import Served
 
 # the OpenAI routes whose HTTP path is the endpoint members answer on
 EARLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ..jobs.runner import Dispatched
 from .extensions import Extensions
 from .schemas import ImageRequest
-from .serving import MODEL_HEADER, Dispatched, Served, serve
+from .served import MODEL_HEADER, Served
+from .serving import serve
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator

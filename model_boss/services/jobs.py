@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..jobs import Job, JobRunner
+from ..jobs import Job
+from ..jobs.runner import Dispatched
 from .extensions import pop_extensions
 from .images import IMAGES, generate_images
 from .schemas import ImageRequest
-from .serving import Dispatched, Served, serve
+from .served import Served
+from .serving import serve
 from .validation import parse
 
 if TYPE_CHECKING:
@@ -26,9 +28,3 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched) -> Serv
                                      on_dispatch=on_dispatch)
     body["stream"] = False
     return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch)
-
-
-def job_runner(coord: Coordinator) -> JobRunner:
-    """The runner a coordinator's JobManager uses."""
-    return JobRunner(coord.catalog, coord.pool,
-                     lambda job, dispatched: run_job(coord, job, dispatched))

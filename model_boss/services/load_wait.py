@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from .extensions import Extensions
-from .serving import MODEL_HEADER, Served, serve, sse_error
+from .served import MODEL_HEADER, Served, sse_error
+from .serving import serve
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator

@@ -11,8 +11,8 @@ import httpx
 import orjson
 from pydantic import Field, PlainValidator, StrictBool
 
+from ..backends.base import UpstreamResponse, upstream_error
 from ..errors import BadRequest, WorkerCrashed
-from ..inference.backend import UpstreamResponse, upstream_error
 from .extensions import Int
 from .schemas import ChatMessage, OpenAIRequest
 

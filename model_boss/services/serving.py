@@ -13,12 +13,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from ..backends.registry import BACKENDS
 from ..catalog import ModelManifest
 from ..errors import (
     BadRequest,
@@ -29,13 +27,14 @@ from ..errors import (
     ModelUnavailable,
     WorkerCrashed,
 )
-from ..inference import QueuedRequest, SlotTicket
-from ..inference.backends import BACKENDS
+from ..jobs.runner import Dispatched
+from ..scheduling.queue import QueuedRequest, SlotTicket
 from .cancel import unless_disconnected
 from .clustered import serve_clustered
 from .extensions import Extensions
 from .native import PROPS, worker_props
 from .redact import redacted
+from .served import MODEL_HEADER, WAIT_HEADER, Served, sse_error
 
 if TYPE_CHECKING:
     from ..catalog.tasks import TaskSpec
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MODEL_HEADER = "x-model-boss-model"
-WAIT_HEADER = "x-model-boss-queue-wait-s"
 CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
@@ -53,20 +50,6 @@ CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
 # not a worker route: the model is made READY through the queue (priority, budget, keep-alive
 # as any request), nothing is sent to it (Ollama's load with an empty prompt)
 LOAD_ONLY = "load"
-
-Dispatched = Callable[[SlotTicket], None]
-
-
-@dataclass(slots=True)
-class Served:
-    """An answer: ``body`` whole, or ``chunks`` to pass on as they come."""
-
-    status: int
-    headers: dict[str, str]
-    media_type: str
-    body: bytes = b""
-    chunks: AsyncIterator[bytes] | None = None
-
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
                 disconnected: asyncio.Event | None = None,
@@ -231,13 +214,6 @@ def _client_fault(exc: BaseException) -> bool:
     """A client's mistake, or a client that went away: not the model's failure."""
     return isinstance(exc, asyncio.CancelledError) or (
         isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500)
-
-
-def sse_error(exc: Exception) -> bytes:
-    """The SSE event that carries a failure once a stream has started (same envelope)."""
-    if not isinstance(exc, ModelBossError):
-        exc = ModelBossError(f"stream failed: {exc}", code="stream_failed")
-    return b"data: " + orjson.dumps(redacted(exc).envelope()) + b"\n\n"
 
 
 async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from model_boss.inference.ordering import wait_bound_s
+from model_boss.scheduling.ordering import wait_bound_s
 from tests.conftest import ServerProcess, llama_manifest, wait_for
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 
+from model_boss.backends.base import UpstreamResponse
 from model_boss.catalog import Catalog, ModelManifest
 from model_boss.coordinator import Coordinator
-from model_boss.inference.backend import UpstreamResponse
+from model_boss.services import run_job
 from model_boss.settings import Settings
 
 
@@ -83,7 +84,8 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
                       use_nvml=False,
                       **{"reclaim_sleep_s": 0, "spare_workers": False, **settings})
     coord = Coordinator(config, backend_factory=lambda entry, s: FakeBackend(entry, s, log,
-                                                                             **kwargs))
+                                                                             **kwargs),
+                        job_work=run_job)
     return coord, log
 
 

@@ -7,8 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from model_boss.backends.base import UpstreamResponse
 from model_boss.coordinator import Coordinator
-from model_boss.inference.backend import UpstreamResponse
 
 from .fakes import coordinator
 

@@ -12,8 +12,8 @@ import uvicorn
 import yaml
 
 from model_boss.api.app import create_app
+from model_boss.backends.base import UpstreamResponse
 from model_boss.errors import WorkerCrashed
-from model_boss.inference.backend import UpstreamResponse
 
 from .fakes import FakeBackend, coordinator, manifest, started_client
 
@@ -492,7 +492,7 @@ WORKER_ANSWERS = [  # (status, body) → (status, code) a client sees
 @pytest.mark.parametrize("status, body, expected, code", WORKER_ANSWERS)
 async def test_worker_answers_keep_client_faults_400_and_the_rest_502(api, monkeypatch, status,
                                                                       body, expected, code):
-    from model_boss.inference.backend import upstream_error
+    from model_boss.backends.base import upstream_error
 
     client, _ = api
     refusing(monkeypatch, lambda: upstream_error("a", status, json.dumps(body).encode()))
@@ -503,7 +503,7 @@ async def test_worker_answers_keep_client_faults_400_and_the_rest_502(api, monke
 
 
 async def test_no_traceback_path_or_internal_address_reaches_a_client(api, monkeypatch):
-    from model_boss.inference.backend import upstream_error
+    from model_boss.backends.base import upstream_error
 
     client, _ = api
     leaky = ("bad things at http://127.0.0.1:41234/v1/chat/completions in "
@@ -524,7 +524,7 @@ async def test_no_traceback_path_or_internal_address_reaches_a_client(api, monke
 
 
 async def test_client_faults_never_cool_a_model_down(api, monkeypatch):
-    from model_boss.inference.backend import upstream_error
+    from model_boss.backends.base import upstream_error
 
     client, coord = api
     refusing(monkeypatch, lambda: upstream_error("a", 400, b'{"error": "bad request"}'))

@@ -15,8 +15,8 @@ from model_boss.cluster import (
 )
 from model_boss.cluster.shared import merge_learned, own_figures
 from model_boss.errors import ConfigError
-from model_boss.inference.learned import LearnedStats
-from model_boss.inference.planner import Demand
+from model_boss.scheduling.learned import LearnedStats
+from model_boss.scheduling.planner import Demand
 from model_boss.settings import load_settings
 
 NOW = 1000.0

@@ -14,8 +14,9 @@ import pytest
 
 from model_boss.api.app import create_app
 from model_boss.errors import LoadFailed
-from model_boss.inference import QueuedRequest, SlotState
-from model_boss.inference.progress import FRACTION_STEP, LoadStage, advances
+from model_boss.scheduling.queue import QueuedRequest
+from model_boss.slots.progress import FRACTION_STEP, LoadStage, advances
+from model_boss.slots.slot import SlotState
 
 from .fakes import manifest
 from .gated import GatedBackend, gated_coordinator, steps
@@ -223,7 +224,7 @@ async def test_queue_listing_order_and_positions(tmp_path):
         busy.release()  # the first in line is served; everyone moves up
         first = await asyncio.wait_for(waiting[1], 2)
         assert first.request.client_id == "urgent"
-        from model_boss.inference.waiting import waiting_list
+        from model_boss.scheduling.waiting import waiting_list
 
         assert [(r["client_id"], r["position"]) for r in waiting_list(coord.queue)] == [
             ("normal-a", 1), ("normal-b", 2), ("late-low", 3)]
@@ -318,8 +319,8 @@ LLAMA_OUTPUT = [  # what llama.cpp's server (native worker) prints while it star
 def test_llama_stages_come_from_its_output_lines():
     from types import SimpleNamespace
 
-    from model_boss.inference.backend import HttpWorkerBackend
-    from model_boss.inference.backends.llama import LlamaCppServerBackend
+    from model_boss.backends.base import HttpWorkerBackend
+    from model_boss.backends.llama import LlamaCppServerBackend
 
     reports: list[str] = []
     backend = SimpleNamespace(log_stages=LlamaCppServerBackend.log_stages,
@@ -337,7 +338,7 @@ def test_llama_stages_come_from_its_output_lines():
     ("not json", ("loading", None)),
 ])
 def test_diffusers_loading_fraction_from_its_health(body, expected):
-    from model_boss.inference.backends.diffusers import DiffusersBackend
+    from model_boss.backends.diffusers import DiffusersBackend
 
     response = (httpx.Response(503, json=body) if isinstance(body, dict)
                 else httpx.Response(503, text=body))

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from model_boss.catalog import CatalogEntry, ModelManifest
-from model_boss.catalog.manifest import LlamaWorker
-from model_boss.errors import ConfigError
-from model_boss.gpu.placement import Placement
-from model_boss.inference.backends import (
+from model_boss.backends.registry import (
     BACKENDS,
     BinaryLlamaBackend,
     LlamaCppPythonBackend,
     NativeLlamaBackend,
     worker_kind,
 )
+from model_boss.catalog import CatalogEntry, ModelManifest
+from model_boss.catalog.manifest import LlamaWorker
+from model_boss.errors import ConfigError
+from model_boss.gpu.placement import Placement
 from model_boss.settings import Settings, load_settings
 
 MODEL = Path("/models/m.gguf")

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from model_boss.api.app import create_app
+from model_boss.backends.base import UpstreamResponse
 from model_boss.errors import CapacityExceeded, RateLimited
-from model_boss.inference.backend import UpstreamResponse
 
 from .fakes import FakeBackend, coordinator, manifest
 

@@ -9,10 +9,10 @@ import orjson
 import pytest
 
 from model_boss.errors import BadRequest
-from model_boss.services.ollama import shorten, whole_answer
-from model_boss.services.ollama_schemas import OllamaMessage, OllamaOptions
-from model_boss.services.ollama_stream import NdjsonStream, sse_payloads
-from model_boss.services.ollama_translate import (
+from model_boss.services.ollama.schemas import OllamaMessage, OllamaOptions
+from model_boss.services.ollama.service import shorten, whole_answer
+from model_boss.services.ollama.stream import NdjsonStream, sse_payloads
+from model_boss.services.ollama.translate import (
     JSON_GRAMMAR,
     final_fields,
     format_params,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from model_boss.inference.ordering import (
+from model_boss.scheduling.ordering import (
     STRICT,
     OrderPolicy,
     Waiter,

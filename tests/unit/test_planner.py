@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from model_boss.gpu.placement import LayerCosts
-from model_boss.inference.eviction import SlotView
-from model_boss.inference.planner import Demand, Evict, Fit, Never, Snapshot, Wait, plan
+from model_boss.scheduling.eviction import SlotView
+from model_boss.scheduling.planner import Demand, Evict, Fit, Never, Snapshot, Wait, plan
 
 NOW = 1000.0
 CEILING = {0: 3584}  # one 4096 MB GPU minus a 512 MB margin

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from model_boss.inference.process import WorkerProcess, group_members, reap_orphans
+from model_boss.backends.process import WorkerProcess, group_members, reap_orphans
 from tests.conftest import ROOT, pid_alive, wait_for
 from tests.workers.group_probe import kill_leftovers, live_group
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from model_boss.errors import BudgetExceeded, CapacityExceeded
-from model_boss.inference import QueuedRequest, SlotState
+from model_boss.scheduling.queue import QueuedRequest
+from model_boss.slots.slot import SlotState
 
 from .fakes import FakeBackend, coordinator, manifest
 
@@ -181,8 +182,8 @@ async def test_client_max_concurrency(tmp_path):
 
 
 async def test_request_log_replays_in_the_simulator(tmp_path):
-    from model_boss.inference.simulator import BASELINES, simulate
-    from model_boss.inference.traces import jsonl_trace
+    from model_boss.simulation.simulator import BASELINES, simulate
+    from model_boss.simulation.traces import jsonl_trace
 
     coord, _ = coordinator(tmp_path, [manifest("a", 3000), manifest("b", 3000)])
     await coord.start()

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from model_boss.errors import RateLimited
-from model_boss.inference import QueuedRequest, SlotState
+from model_boss.scheduling.queue import QueuedRequest
+from model_boss.slots.slot import SlotState
 
 from .fakes import coordinator, manifest
 
@@ -92,7 +93,7 @@ async def test_an_aged_request_evicts_an_idle_model_a_more_important_client_used
 
 
 async def test_priority_9_gets_through_endless_priority_0_traffic_within_the_bound(tmp_path):
-    from model_boss.inference.ordering import wait_bound_s
+    from model_boss.scheduling.ordering import wait_bound_s
 
     coord, _ = coordinator(tmp_path, [manifest("a"), manifest("b")], aging_s=0.2)
     await coord.start()

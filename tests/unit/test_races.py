@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from model_boss.errors import CapacityExceeded, LoadFailed
-from model_boss.inference import QueuedRequest, SlotState
+from model_boss.scheduling.queue import QueuedRequest
+from model_boss.slots.slot import SlotState
 
 from .fakes import manifest
 from .gated import gated_coordinator, steps

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from model_boss.errors import ModelUnavailable
-from model_boss.inference import QueuedRequest
-from model_boss.inference.requestors import RequestorRegistry
+from model_boss.scheduling.queue import QueuedRequest
+from model_boss.scheduling.requestors import RequestorRegistry
 
 from .fakes import coordinator, manifest
 

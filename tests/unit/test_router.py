@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from model_boss.catalog import Catalog, ModelManifest
-from model_boss.catalog.tasks import TaskRegistry, task_name
-from model_boss.errors import ConfigError, ModelNotFound
-from model_boss.inference.backends.chat_templates import (
+from model_boss.backends.chat_templates import (
     completion_body,
     completion_to_chat,
     render_alpaca,
     render_prompt,
 )
-from model_boss.inference.router import Candidate, _pick_best_candidate
+from model_boss.catalog import Catalog, ModelManifest
+from model_boss.catalog.tasks import TaskRegistry, task_name
+from model_boss.errors import ConfigError, ModelNotFound
+from model_boss.scheduling.router import Candidate, _pick_best_candidate
 
 C = Candidate
 

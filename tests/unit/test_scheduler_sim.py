@@ -8,8 +8,8 @@ import json
 import pytest
 
 from model_boss.errors import BadRequest
-from model_boss.inference.sim_side_by_side import simulate_side_by_side
-from model_boss.inference.simulator import (
+from model_boss.simulation.side_by_side import simulate_side_by_side
+from model_boss.simulation.simulator import (
     KNOWN_RATES,
     MODEL_BOSS,
     POLICIES,
@@ -18,7 +18,7 @@ from model_boss.inference.simulator import (
     Trace,
     simulate,
 )
-from model_boss.inference.traces import bursty_trace, jsonl_trace, workshop_trace
+from model_boss.simulation.traces import bursty_trace, jsonl_trace, workshop_trace
 
 
 def by_name(name):

@@ -10,9 +10,9 @@ from model_boss.catalog import ModelManifest
 from model_boss.gpu.estimate import estimate_vram, from_llama_fit, from_name
 from model_boss.gpu.gguf_info import llama_fit, parse_fit_output
 from model_boss.gpu.placement import LayerCosts, place, place_partial, place_split
-from model_boss.inference.budget import Prediction, admit, predict
-from model_boss.inference.eviction import SlotView, evict_candidates, victims_for
-from model_boss.inference.learned import LearnedStats
+from model_boss.scheduling.budget import Prediction, admit, predict
+from model_boss.scheduling.eviction import SlotView, evict_candidates, victims_for
+from model_boss.scheduling.learned import LearnedStats
 
 NOW = 1000.0
 

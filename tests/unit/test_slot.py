@@ -9,7 +9,7 @@ import pytest
 
 from model_boss.catalog import Catalog, ModelManifest
 from model_boss.events import EventBus
-from model_boss.inference import TRANSITIONS, IllegalTransition, ModelSlot, SlotState
+from model_boss.slots.slot import TRANSITIONS, IllegalTransition, ModelSlot, SlotState
 
 S = SlotState
 LEGAL = {

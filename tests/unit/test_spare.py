@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from model_boss.backends import spare as spare_module
+from model_boss.backends.diffusers import DiffusersBackend
+from model_boss.backends.spare import DIFFUSERS, SpareWorkers
 from model_boss.catalog import Catalog, load_manifests
 from model_boss.events import EventBus
-from model_boss.inference import spare as spare_module
-from model_boss.inference.backends.diffusers import DiffusersBackend
-from model_boss.inference.spare import DIFFUSERS, SpareWorkers
 from model_boss.settings import Settings
 
 

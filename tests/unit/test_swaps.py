@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from model_boss.inference import SlotState
+from model_boss.slots.slot import SlotState
 
 from .fakes import manifest
 from .gated import gated_coordinator, steps

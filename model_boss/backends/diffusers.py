@@ -1,0 +1,162 @@
+"""DiffusersBackend: ``python -m workers.diffusers`` — text-to-image with a CPU-RAM tier."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+
+from ..errors import BadRequest, LoadFailed, WorkerCrashed
+from ..gpu.placement import Placement
+from .base import HttpWorkerBackend, UpstreamResponse, upstream_error
+from .spare import DIFFUSERS, Spare, SpareWorkers
+
+IMAGES_ENDPOINT = "/v1/images/generations"
+_BACKGROUND: set[asyncio.Task] = set()
+WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n")
+
+
+class DiffusersBackend(HttpWorkerBackend):
+    """Spawns the diffusers worker; offload/onload move the pipeline between VRAM and RAM."""
+
+    can_offload = True
+    health_path = "/health"
+    secret_env = "WORKER_API_KEY"  # workers/diffusers/options.py reads it
+
+    spares: SpareWorkers | None = None  # the pool's, when it keeps spare workers
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",
+                "--port", str(port), "--parent-pid", str(os.getpid()),
+                *self.model_flags(placement)]
+
+    def model_flags(self, placement: Placement | None) -> list[str]:
+        """The model's flags: a cold start's argv, a spare's ``POST /load``."""
+        m = self.manifest
+        flags = ["--model", str(self.entry.path), "--device", "auto",
+                 "--dtype", m.dtype, "--offload", m.offload,
+                 "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",
+                 "--vram-margin-mb", str(self.settings.vram_margin_mb)]
+        flags.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
+        if m.offload == "balanced" and placement is not None and len(placement.gpus) > 1:
+            # CUDA_VISIBLE_DEVICES renumbers the chosen GPUs from 0
+            memory = {str(i): f"{mb}MiB" for i, mb in
+                      enumerate(placement.allocations[g] for g in placement.gpus)}
+            flags += ["--max-memory", json.dumps(memory)]
+        return flags + list(m.args)
+
+    async def start(self, port: int, placement: Placement | None) -> None:
+        """A cold start, in the spare worker when one is ready (and the manifest sets no
+        environment of its own, which a running process cannot take)."""
+        spare = self.spares.take(DIFFUSERS) if self.spares and not self.manifest.env else None
+        if spare is None:
+            return await super().start(port, placement)
+        try:
+            await self._load_in(spare, placement)
+        finally:
+            self.spares.replenish(DIFFUSERS)  # type: ignore[union-attr]
+
+    async def _load_in(self, spare: Spare, placement: Placement | None) -> None:
+        """Adopt ``spare`` (process, port, secret) and name the model in ``POST /load``; it
+        answers when the load is over. A failure stops the spare like a failed cold start."""
+        self._attach(spare.port, spare.secret, spare.process)
+        body = {"args": self.model_flags(placement),
+                "cuda_visible_devices": placement.cuda_visible_devices if placement else ""}
+        try:
+            assert self._client is not None
+            try:
+                reply = await self._client.post("/load", json=body,
+                                                timeout=self.settings.health_timeout_s)
+            except httpx.TransportError as exc:
+                raise await self.crashed(exc) from exc
+            if reply.status_code != 200:  # it answers as /health would: 200 once loaded
+                detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
+                raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
+                                 f"{detail.message}")
+        except BaseException:
+            await self.stop()
+            raise
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = super().environment(placement)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return env
+
+    def loading_stage(self, response: httpx.Response) -> tuple[str, float | None]:
+        """The worker's ``/health`` while loading says how many pipeline components are in."""
+        try:
+            load = response.json().get("load") or {}
+        except (ValueError, AttributeError):
+            load = {}
+        fraction = load.get("fraction")
+        return "loading", float(fraction) if isinstance(fraction, int | float) else None
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        if endpoint != IMAGES_ENDPOINT:
+            raise BadRequest(f"'{self.manifest.id}' is a diffusion model; it serves "
+                             f"{IMAGES_ENDPOINT} only", param="model",
+                             code="unsupported_endpoint")
+        worker_body = {k: body[k] for k in WORKER_FIELDS if body.get(k) is not None}
+        worker_body["request_id"] = request_id = uuid.uuid4().hex
+        try:
+            answer = await self.proxy("POST", "/generate", worker_body, stream=False)
+        except asyncio.CancelledError:
+            # the caller went away (client disconnect, job cancelled): stop denoising too;
+            # by id, so a cancel that overtakes its generation still stops it, and only it
+            task = asyncio.create_task(self._post("/cancel", {"request_id": request_id}))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+            raise
+        result = orjson.loads(answer.body or b"{}")
+        data = [{"b64_json": image, "revised_prompt": body.get("prompt")}
+                for image in result.get("images", [])]
+        out = {"created": int(time.time()), "data": data,
+               "x_model_boss": {k: result.get(k) for k in
+                                ("seed", "timings", "memory_decisions", "device")}}
+        return UpstreamResponse(200, {"content-type": "application/json"},
+                                body=orjson.dumps(out))
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self._client is None:
+            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
+        try:
+            response = await self._client.post(path, json=body,
+                                               timeout=self.settings.request_timeout_s)
+        except httpx.TransportError as exc:
+            raise await self.crashed(exc) from exc
+        if response.status_code >= 400:
+            raise upstream_error(self.manifest.id, response.status_code, response.content)
+        return response.json()
+
+    async def offload(self) -> dict[str, Any]:
+        return await self._post("/offload")
+
+    async def onload(self) -> dict[str, Any]:
+        return await self._post("/onload")
+
+    async def report(self) -> dict[str, Any]:
+        return await self._get("/health", timeout_s=5)
+
+    async def progress(self) -> dict[str, Any]:
+        return await self._get("/progress", timeout_s=2)
+
+    async def _get(self, path: str, timeout_s: float) -> dict[str, Any]:
+        """A worker report; {} when the worker cannot say (not running, busy, gone)."""
+        if self._client is None:
+            return {}
+        try:
+            response = await self._client.get(path, timeout=timeout_s)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}

@@ -1,0 +1,176 @@
+"""LlamaServerBackend: a GGUF model behind llama.cpp's server, in one of three worker kinds.
+
+``native`` (the default) runs ``python -m workers.llama``: llama.cpp's own HTTP server
+in-process through the ``xllamacpp`` wheel. ``binary`` runs an external ``llama-server`` (a
+CUDA / ROCm build) with the same flags. ``llama-cpp-python`` runs ``python -m
+llama_cpp.server`` (``llama_cpp_python.py``; an optional extra). The manifest's ``worker``
+picks one, else ``settings.llama_worker``, else ``binary`` when ``llama_server_binary`` is
+set and ``native`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..catalog.manifest import ModelManifest
+from ..errors import LoadFailed
+from ..gpu.placement import Placement
+from .base import HttpWorkerBackend, UpstreamResponse
+from .chat_templates import as_chat, completion_request
+from .llama_report import server_report
+
+ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
+MODEL_SIDE_TEMPLATES = ("alpaca", "raw")  # rendered here: llama.cpp has no such template
+_REPO_ROOT = Path(__file__).resolve().parents[3]  # where the ``workers`` package lives
+
+
+class LlamaServerBackend(HttpWorkerBackend):
+    """What every llama worker kind shares: GPU layers and split from the placement, the
+    prompt templates rendered here (chat → ``/v1/completions`` → chat), and reports."""
+
+    # llama.cpp's server answers one choice per request; more is refused up front (400)
+    choices_per_request = 1
+    health_path = "/health"
+
+    def gpu_layers(self, placement: Placement | None) -> int:
+        """Layers on the GPU: 0 without one, the pool's count for a partial offload, else the
+        manifest's (``auto`` = all, -1)."""
+        if placement is None or not placement.gpus:
+            return 0
+        if placement.gpu_layers is not None:
+            return placement.gpu_layers
+        layers = self.manifest.gpu_layers
+        return -1 if layers == "auto" else int(layers)
+
+    @staticmethod
+    def tensor_split(placement: Placement | None) -> list[float]:
+        return list(placement.tensor_split) if placement and placement.kind == "split" else []
+
+    def renders_template(self) -> bool:
+        """Whether chat requests are rendered into a prompt here rather than by the worker."""
+        return self.manifest.chat_template in MODEL_SIDE_TEMPLATES
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        if endpoint != "/v1/chat/completions" or not self.renders_template():
+            return await super().handle_request(endpoint, body, stream)
+        source = self.manifest.source_file
+        completion = completion_request(body, self.manifest.chat_template or "",
+                                        Path(source).parent if source else None)
+        return as_chat(await super().handle_request("/v1/completions", completion, stream))
+
+    async def report(self) -> dict[str, Any]:
+        """The server's own ``/props``, ``/slots`` and ``/metrics``, and the process's RSS."""
+        if self._client is None:
+            return {}
+        return await server_report(self._client, self.pid)
+
+
+class LlamaCppServerBackend(LlamaServerBackend):
+    """llama.cpp's own server (native or binary): one flag per manifest field, the API key in
+    ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in."""
+
+    secret_env = "LLAMA_API_KEY"
+    # llama.cpp's server says when it starts on the weights and when they are in (the
+    # threadpool comes up right before its warm-up run); its /health says only "Loading
+    # model" until the end, so no fraction
+    log_stages = (("loading model", "loading"), ("llama threadpool init", "warming"),
+                  ("warming up the model", "warming"))
+
+    def request_headers(self, stream: bool) -> dict[str, str]:
+        # llama.cpp's server closes the connection after a stream although it answered
+        # keep-alive: a pooled reuse of it fails, so a stream's connection is not pooled
+        headers = super().request_headers(stream)
+        return {**headers, "Connection": "close"} if stream else headers
+
+    def server_flags(self, port: int, placement: Placement | None) -> list[str]:
+        """``llama-server``'s flags for this manifest and placement."""
+        m = self.manifest
+        layers = self.gpu_layers(placement)
+        flags = ["--model", str(self.entry.path), "--host", "127.0.0.1", "--port", str(port),
+                 "--ctx-size", str(m.ctx_size),
+                 "--n-gpu-layers", str(ALL_LAYERS if layers < 0 else layers),
+                 "--parallel", str(m.concurrency), "--alias", m.id, "--metrics"]
+        split = self.tensor_split(placement)
+        if split:
+            flags += ["--tensor-split", ",".join(f"{r:g}" for r in split)]
+        if m.main_gpu is not None:
+            flags += ["--main-gpu", str(m.main_gpu)]
+        if m.threads:
+            flags += ["--threads", str(m.threads)]
+        if m.flash_attention != "auto":
+            flags += ["--flash-attn", m.flash_attention]
+        if m.cache_type_k != "f16":
+            flags += ["--cache-type-k", m.cache_type_k]
+        if m.cache_type_v != "f16":
+            flags += ["--cache-type-v", m.cache_type_v]
+        flags += self.template_flags()
+        if m.embeddings:
+            flags.append("--embeddings")
+        if m.pooling:
+            flags += ["--pooling", m.pooling]
+        if m.reranking:
+            flags.append("--reranking")
+        return flags
+
+    def template_flags(self) -> list[str]:
+        """A template name → ``--chat-template``; a Jinja file (relative to the manifest) →
+        ``--chat-template-file``; unset or ``native`` → the GGUF's own."""
+        template = self.manifest.chat_template
+        if not template or template == "native" or self.renders_template():
+            return []
+        path = template_file(self.manifest)
+        if path is not None:
+            return ["--chat-template-file", str(path)]
+        return ["--chat-template", template]
+
+
+class NativeLlamaBackend(LlamaCppServerBackend):
+    """``python -m workers.llama``: llama.cpp's server in-process through ``xllamacpp``."""
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        try:
+            import xllamacpp  # noqa: F401  (only to fail here, with a clear message)
+        except ImportError as exc:
+            raise LoadFailed("the native llama worker needs the 'xllamacpp' package "
+                             "(pip install -e '.[llama]')") from exc
+        return [sys.executable, "-m", "workers.llama", *self.server_flags(port, placement),
+                "--parent-pid", str(os.getpid()), *self.manifest.args]
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = super().environment(placement)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+        return env
+
+
+class BinaryLlamaBackend(LlamaCppServerBackend):
+    """An external ``llama-server`` (``settings.llama_server_binary``, else from PATH)."""
+
+    def binary(self) -> str:
+        configured = self.settings.llama_server_binary or "llama-server"
+        found = shutil.which(configured)
+        if found is None:
+            raise LoadFailed(f"llama-server binary not found: {configured} (set "
+                             "llama_server_binary, or use worker: native)")
+        return found
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        return [self.binary(), *self.server_flags(port, placement), *self.manifest.args]
+
+
+def template_file(manifest: ModelManifest) -> Path | None:
+    """The Jinja file ``chat_template`` names (relative to the manifest's directory), or None
+    when it names a template instead."""
+    template = manifest.chat_template or ""
+    path = Path(template).expanduser()
+    if not path.is_absolute() and manifest.source_file:
+        path = Path(manifest.source_file).parent / path
+    looks_like_file = template.endswith((".jinja", ".j2")) or os.sep in template
+    if path.is_file() or looks_like_file:
+        return path
+    return None

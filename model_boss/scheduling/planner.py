@@ -1,0 +1,122 @@
+"""The planner: "does it fit, and what must go?" answered once, as a pure function.
+
+Admission, the router's candidate view and loading all call :func:`plan` over one
+:class:`Snapshot` of usage (free VRAM per GPU, what can ever be free, the slots); none of them
+recomputes fit with store reads of its own. The answer is one of:
+
+- :class:`Fit` — lease ``placement`` now;
+- :class:`Evict` — evict ``victims`` (one at a time, best first), then lease ``placement``;
+- :class:`Wait` — it would fit once busy or more important models go idle or expire;
+- :class:`Never` — it cannot fit even with every unpinned model gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..gpu.placement import LayerCosts, Placement, place
+from .eviction import SlotView, evict_candidates, victims_for
+from .states import SlotState
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What a load needs: its size and how it may be placed."""
+
+    model_id: str
+    need_mb: int
+    priority: int
+    allow_split: bool = False
+    layers: LayerCosts | None = None
+    needs_vram: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Usage at one instant. ``free_mb``: effective free VRAM per GPU now; ``ceiling_mb``:
+    capacity minus the safety margin per GPU (before pinned models are taken off);
+    ``wanted``: the models waiting requests need, in serving order (look-ahead eviction)."""
+
+    free_mb: dict[int, int]
+    ceiling_mb: dict[int, int]
+    slots: tuple[SlotView, ...] = ()
+    now: float = 0.0
+    wanted: tuple[str, ...] = ()
+    prune: bool = True  # drop victims the others make unnecessary (False: the old prefix rule)
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    placement: Placement | None  # None: the backend needs no VRAM (a cloud remote)
+    can_start = True
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    victims: tuple[str, ...]
+    placement: Placement
+    can_start = True
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    reason: str
+    retry_after_s: float = 5.0
+    blocking: tuple[str, ...] = field(default=())  # busy models that would be evicted once idle
+    can_start = False
+
+
+@dataclass(frozen=True, slots=True)
+class Never:
+    reason: str
+    can_start = False
+
+
+Plan = Fit | Evict | Wait | Never
+
+
+def plan(demand: Demand, snapshot: Snapshot) -> Plan:
+    """Decide how ``demand`` can be met over ``snapshot``. Pure: no I/O, no clock."""
+    if not demand.needs_vram:
+        return Fit(None)
+    placement = _place(demand, snapshot.free_mb)
+    if placement is not None:
+        return Fit(placement)
+    others = [s for s in snapshot.slots if s.model_id != demand.model_id]
+    candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
+    victims = victims_for(demand.need_mb, snapshot.free_mb, candidates,
+                          allow_split=demand.allow_split, prune=snapshot.prune)
+    if victims:
+        freed = dict(snapshot.free_mb)
+        for victim in victims:
+            for gpu, mb in victim.allocations.items():
+                freed[gpu] = freed.get(gpu, 0) + mb
+        after = _place(demand, freed)
+        if after is not None:
+            return Evict(tuple(v.model_id for v in victims), after)
+    pinned: dict[int, int] = {}
+    for view in others:
+        if view.pinned:
+            for gpu, mb in view.allocations.items():
+                pinned[gpu] = pinned.get(gpu, 0) + mb
+    ceiling = {gpu: max(0, mb - pinned.get(gpu, 0)) for gpu, mb in snapshot.ceiling_mb.items()}
+    if _place(demand, ceiling) is None:
+        where = ", ".join(f"GPU {i}: {mb} MB" for i, mb in ceiling.items()) or "no GPU"
+        return Never(f"'{demand.model_id}' needs {demand.need_mb} MB of VRAM; at most {where} "
+                     f"can ever be free for it (capacity minus margin minus pinned models)")
+    # only models that would be victims once idle are worth draining; holding back a model
+    # this request may not evict (a more important client's, inside its keep-alive) helps none
+    busy = tuple(v.model_id for v in others if v.allocations and not v.pinned
+                 and (v.active or v.state not in (SlotState.READY, SlotState.OFFLOADED))
+                 and evict_candidates([_settled(v)], demand.priority, snapshot.now))
+    return Wait(f"'{demand.model_id}' needs {demand.need_mb} MB; waiting for room",
+                blocking=busy)
+
+
+def _settled(view: SlotView) -> SlotView:
+    """``view`` as it will be once its requests and operation end."""
+    return replace(view, state=SlotState.READY, active=0)
+
+
+def _place(demand: Demand, free_mb: dict[int, int]) -> Placement | None:
+    return place(demand.need_mb, free_mb, allow_split=demand.allow_split, partial=demand.layers)

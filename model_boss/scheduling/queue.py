@@ -1,0 +1,368 @@
+"""InferenceQueue: who runs next. Lower priority number = more important.
+
+The order is :func:`~.ordering.serving_order` (aging, fair share among clients, warm grouping;
+docs/SCHEDULING.md): the same function the trace simulator replays. A request whose model
+cannot load yet waits without blocking requests for other models; once it is first in order,
+the models it waits for take no new requests until they are idle and can make room. Loads
+and evictions are planned with the request's aged priority, so a long wait may evict an idle
+model a more important client used. Limits: a model's ``max_concurrency`` (the rest wait),
+``max_queued`` per model, per client and in all, each refused with 429 and Retry-After. The
+loop wakes on every submission, every slot release, and every 5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from ..errors import (
+    BudgetExceeded,
+    CapacityExceeded,
+    ModelBossError,
+    ModelUnavailable,
+    RateLimited,
+)
+from ..events import EventBus
+from ..settings import Settings
+from .budget import Prediction, admit, predict
+from .ordering import OrderPolicy, effective_priority, rank_on_arrival, serving_order
+from .planner import Evict, Never, Wait
+from .request import QueuedRequest, SlotTicket
+from .request_log import RequestLog
+from .requestors import RequestorRegistry
+from .seams import SlotBoard, SlotGate
+from .states import SlotState
+
+log = logging.getLogger(__name__)
+
+WAKE_INTERVAL_S = 5.0
+MIN_WARM_CREDIT_S = 1.0  # a loaded model's requests group even before its load was timed
+
+
+class InferenceQueue:
+    """Grants slots to requests in priority order and starts loads when they can fit."""
+
+    def __init__(self, pool: SlotBoard, settings: Settings, events: EventBus) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.events = events
+        self.requestors = RequestorRegistry()
+        self.request_log = RequestLog(settings.state_path / "requests.jsonl"
+                                      if settings.request_log else None)
+        self._pending: list[QueuedRequest] = []
+        self._wake = asyncio.Event()
+        self._in_flight_by_client: dict[str, int] = {}
+        self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
+        self.granted_total = 0
+        self.order_policy = OrderPolicy(aging_s=settings.aging_s,
+                                        fair_share=settings.fair_share,
+                                        turn_s=settings.fair_share_turn_s)
+        self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
+        pool.on_change = self.wake
+        pool.wanted = self.wanted_models
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def acquire(self, request: QueuedRequest) -> SlotTicket:
+        """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
+        cooldown = self.requestors.cooldown_left(request.model_id)
+        if cooldown > 0:  # the model's own failures, whoever asked; a task falls back
+            raise ModelUnavailable(f"'{request.model_id}' is cooling down after repeated "
+                                   f"worker failures", retry_after_s=cooldown,
+                                   code="model_cooling_down")
+        self._check_limits(request)
+        if request.budget_s is not None:
+            decision = admit(request.budget_s, self.predict(request))
+            if not decision.admitted:
+                self.requestors.get(request.client_id).rejected += 1
+                self.events.emit("budget_refused", model=request.model_id,
+                                 client=request.client_id, reason=decision.reason)
+                raise BudgetExceeded(f"'{request.model_id}': {decision.reason}",
+                                     retry_after_s=decision.retry_after_s)
+        wait_cap = self.settings.max_queue_wait_s
+        if request.budget_s is not None:
+            wait_cap = min(wait_cap, request.budget_s)
+        request.deadline = request.submitted_at + wait_cap
+        request.rank = rank_on_arrival((r.waiter for r in self._pending), request.client_id,
+                                       request.priority, request.share)
+        self._pending.append(request)
+        self.requestors.submitted(request.client_id)
+        if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
+            owner = self.pool.owners.get(request.model_id)
+            if owner is not None and self._has_room(request, owner) \
+                    and self._grant(request, owner):
+                return request.future.result()
+        waiting_on: SlotGate | None = None  # it is one waiter of its model's load
+        with contextlib.suppress(ModelBossError):  # an unknown model fails in dispatch
+            waiting_on = self.pool.owner(request.model_id)
+            waiting_on.wait_begins()
+        gave_up = False
+        self.wake()
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            gave_up = True
+            if request.future.done() and not request.future.cancelled():
+                with contextlib.suppress(BaseException):
+                    request.future.result().release(ok=False, client_fault=True)
+            self.events.emit("request_cancelled", model=request.model_id,
+                             client=request.client_id)
+            raise
+        finally:
+            if request in self._pending:
+                self._pending.remove(request)
+                self.requestors.dequeued(request.client_id)
+                self.wake()
+            if waiting_on is not None:  # the last to give up cancels a load nobody wants
+                waiting_on.wait_ends(gave_up)
+
+    def predict(self, request: QueuedRequest) -> Prediction:
+        """Expected wait + load + inference for ``request`` if it were queued now."""
+        slot = self.pool.slots.get(request.model_id)
+        learned = self.pool.learned
+        warm = slot is not None and slot.state == SlotState.READY
+        ahead = (slot.active if slot else 0) + sum(
+            1 for r in self._pending if r.model_id == request.model_id
+            and (r.priority, r.submitted_at) <= (request.priority, request.submitted_at))
+        size = 0
+        if not warm:
+            entry = self.pool.catalog.find(request.model_id)
+            size = self.pool.estimate(entry).mb if entry else 0
+        return predict(warm=warm, loading=self.pool.is_loading(request.model_id),
+                       ahead=ahead, parallel=slot.parallel if slot else 1,
+                       load_s=learned.predicted_load_s(request.model_id, size),
+                       infer_s=learned.predicted_infer_s(request.model_id))
+
+    def _check_limits(self, request: QueuedRequest) -> None:
+        """Refuse with 429 when the queue, the client's share of it or the model's is full."""
+        settings = self.settings
+        client_limit = min(settings.max_queued_per_client,
+                           request.max_queued if request.max_queued is not None else 10**9)
+        entry = self.pool.catalog.find(request.model_id)
+        model_limit = entry.manifest.max_queued if entry else None
+        checks = [
+            ("queue_full", len(self._pending), settings.max_queue_depth, "the queue"),
+            ("client_queue_full", self.requestors.get(request.client_id).queued, client_limit,
+             f"client '{request.client_id}'s share of the queue"),
+            ("model_queue_full", sum(1 for r in self._pending if r.model_id == request.model_id),
+             model_limit, f"the queue for '{request.model_id}'"),
+        ]
+        for code, waiting, limit, what in checks:
+            if limit is not None and waiting >= limit:
+                self.events.emit("queue_rejected", model=request.model_id,
+                                 client=request.client_id, reason=code)
+                raise RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
+                                  retry_after_s=self._retry_after(request), code=code)
+
+    def _retry_after(self, request: QueuedRequest) -> float:
+        """A hint from the learned inference time of the requests ahead (1–60 s)."""
+        infer = self.pool.learned.predicted_infer_s(request.model_id) or 1.0
+        return float(min(60, max(1, round(infer * len(self._pending) / 4))))
+
+    def ordered(self) -> list[QueuedRequest]:
+        """The waiting requests in serving order (read-only; one order for everyone)."""
+        by_waiter = {}
+        for request in self._pending:
+            waiter = request.waiter
+            by_waiter[id(waiter)] = (waiter, request)
+        order = serving_order([w for w, _ in by_waiter.values()], self._warm_credits(),
+                              self.order_policy)
+        return [by_waiter[id(w)][1] for w in order]
+
+    def _warm_credits(self) -> dict[str, float]:
+        """Loaded models → the reload seconds serving them now saves (warm grouping)."""
+        credits = {}
+        for model_id, slot in self.pool.slots.items():
+            if slot.state == SlotState.READY:
+                size = slot.estimate.mb if slot.estimate else 0
+                credits[model_id] = max(MIN_WARM_CREDIT_S,
+                                        self.pool.learned.predicted_load_s(model_id, size))
+        return credits
+
+    def waiting_by_priority(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for request in self._pending:
+            counts[request.priority] = counts.get(request.priority, 0) + 1
+        return counts
+
+    def wanted_models(self) -> tuple[str, ...]:
+        """The models waiting requests need, in serving order (look-ahead eviction)."""
+        return tuple(dict.fromkeys(r.model_id for r in self.ordered()))
+
+    def aged_priority(self, request: QueuedRequest, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        return effective_priority(request.priority, now - request.submitted_at,
+                                  self.order_policy)
+
+    def _grant(self, request: QueuedRequest, owner: SlotGate) -> bool:
+        """Grant ``request`` a place on ``owner``'s slot if the owner agrees (READY, leased,
+        alive, room); the check and the count happen with no await between them."""
+        if not owner.try_acquire(request.priority, request.keep_alive_s):
+            return False
+        slot = owner.slot
+        self._in_flight_by_client[request.client_id] = (
+            self._in_flight_by_client.get(request.client_id, 0) + 1)
+        self._pending.remove(request)
+        self.requestors.started(request.client_id)
+        self.granted_total += 1
+        self.pool.rates.record(request.model_id, time.time())
+        ticket = SlotTicket(self._finished, request, slot)
+        self.on_granted(request.priority, ticket.waited_s)
+        request.future.set_result(ticket)
+        return True
+
+    def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
+        slot, request = ticket.slot, ticket.request
+        self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
+        duration = time.monotonic() - ticket.started
+        if ok:
+            self.pool.learned.observe_inference(slot.model_id, duration)
+        self.request_log.write(model=slot.model_id, priority=request.priority,
+                               duration=duration, client_id=request.client_id, ok=ok,
+                               size_mb=slot.estimate.mb if slot.estimate else 0,
+                               submitted_at=request.submitted_at,
+                               load_s=self.pool.learned.get(slot.model_id).load_s)
+        client = request.client_id
+        self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
+        self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
+                                 client_fault=client_fault)
+        self.wake()
+
+    def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
+        if request in self._pending:
+            self._pending.remove(request)
+        self.requestors.dequeued(request.client_id, rejected=True)
+        if not request.future.done():
+            request.future.set_exception(error)
+
+    def _has_room(self, request: QueuedRequest, owner: SlotGate) -> bool:
+        """The client is under its concurrency and the model under its ``max_concurrency``."""
+        if owner.slot.active >= owner.slot.entry.manifest.running_limit:
+            return False
+        if request.max_concurrency is None:
+            return True
+        return self._in_flight_by_client.get(request.client_id, 0) < request.max_concurrency
+
+    async def dispatch(self) -> None:
+        """One pass over the waiting requests, most important first."""
+        now = time.time()
+        # slots a waiter ahead needs to go idle, and those a load under way is evicting
+        draining: set[str] = {m for victims in self._evicting.values() for m in victims}
+        considered: set[str] = set()
+        for request in self.ordered():
+            if request.future.done():
+                continue
+            if now >= request.deadline:
+                self._fail(request, self._timeout_error(request, now))
+                continue
+            try:
+                owner = self.pool.owner(request.model_id)
+            except ModelBossError as exc:
+                self._fail(request, exc)
+                continue
+            slot = owner.slot
+            if slot.state == SlotState.READY:
+                if slot.model_id not in draining and self._has_room(request, owner):
+                    self._grant(request, owner)
+                continue
+            if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
+                continue
+            if self.pool.is_loading(request.model_id) or request.model_id in considered:
+                continue
+            considered.add(request.model_id)
+            priority = self.aged_priority(request, now)
+            try:
+                decision = await self.pool.plan(request.model_id, priority)
+            except ModelBossError as exc:
+                self._fail_model(request.model_id, exc)
+                continue
+            if isinstance(decision, Never):
+                self._fail_model(request.model_id,
+                                 CapacityExceeded(decision.reason, retry_after_s=30))
+            elif isinstance(decision, Wait):
+                draining.update(decision.blocking)
+            else:  # the owner joins a load already in flight instead of starting a second
+                task = owner.start_load(priority)
+                if task is not None and isinstance(decision, Evict):
+                    # no new grants on what this load evicts until it is done
+                    self._evicting[request.model_id] = decision.victims
+                    draining.update(decision.victims)
+                if task is not None:
+                    task.add_done_callback(
+                        lambda t, model=request.model_id: self._load_done(model, t))
+
+    def _timeout_error(self, request: QueuedRequest, now: float) -> ModelBossError:
+        waited = now - request.submitted_at
+        if request.budget_s is not None and request.budget_s <= self.settings.max_queue_wait_s:
+            return BudgetExceeded(
+                f"budget of {request.budget_s:g}s for '{request.model_id}' ran out after "
+                f"waiting {waited:.1f}s in the queue", retry_after_s=max(1.0, request.budget_s))
+        return CapacityExceeded(f"'{request.model_id}' could not be scheduled within "
+                                f"{waited:.0f}s", retry_after_s=10)
+
+    def _load_done(self, model_id: str, task: asyncio.Task) -> None:
+        if self._evicting.pop(model_id, None):
+            self.wake()
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self.wake()
+            return
+        if isinstance(exc, CapacityExceeded):
+            self.wake()  # lost a race for room; the waiters stay and retry
+            return
+        error = exc if isinstance(exc, ModelBossError) else CapacityExceeded(str(exc))
+        self._fail_model(model_id, error)
+
+    def _fail_model(self, model_id: str, error: ModelBossError) -> None:
+        for request in [r for r in self._pending if r.model_id == model_id]:
+            self._fail(request, error)
+
+    async def run(self) -> None:
+        """The dispatch loop. Never dies."""
+        while True:
+            try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel in 3.11
+                async with asyncio.timeout(WAKE_INTERVAL_S):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.dispatch()
+            except Exception:
+                log.exception("queue dispatch failed; carrying on")
+            if self._pending:
+                # deadlines must fire even when nothing else happens, and so must aging: a
+                # waiter that reaches the next level may now evict what it could not before
+                now = time.time()
+                nearest = min(r.deadline for r in self._pending) - now
+                aging = self.order_policy.aging_s
+                if aging > 0:
+                    nearest = min(nearest, min(aging - (now - r.submitted_at) % aging
+                                               for r in self._pending) + 0.01)
+                if nearest < WAKE_INTERVAL_S:
+                    asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)
+
+    def status(self) -> dict:
+        now = time.time()
+        return {
+            "depth": len(self._pending),
+            "granted_total": self.granted_total,
+            "waiting": [
+                {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
+                 "waited_s": round(now - r.submitted_at, 3),
+                 "deadline_in_s": round(r.deadline - now, 3)}
+                for r in self.ordered()
+            ],
+            "clients": self.requestors.to_list(),
+            "failing_models": self.requestors.models_failing(),
+        }
