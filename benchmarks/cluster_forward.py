@@ -31,6 +31,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.harness import BenchServer, wait_for
 from benchmarks.proxy_overhead import (
     KEY,
     Row,
@@ -44,19 +45,19 @@ from benchmarks.proxy_overhead import (
     throughput,
     up,
 )
-from tests.conftest import RedisServer, ServerProcess, wait_for
+from tests.conftest import RedisServer
 
 SECRET = "bench-cluster-secret"
 
 
-def member(workdir: Path, host: str, redis_url: str, manifests: list[dict]) -> ServerProcess:
-    return ServerProcess(workdir / host, {
+def member(workdir: Path, host: str, redis_url: str, manifests: list[dict]) -> BenchServer:
+    return BenchServer(workdir / host, {
         "log_level": "WARNING", "redis_url": redis_url, "cluster": True, "host_id": host,
         "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 24576}]}, manifests,
         env={"BENCH_UPSTREAM_KEY": KEY, "MODEL_BOSS_CLUSTER_SECRET": SECRET})
 
 
-async def measure(args: argparse.Namespace, a: ServerProcess, b: ServerProcess) -> list[Row]:
+async def measure(args: argparse.Namespace, a: BenchServer, b: BenchServer) -> list[Row]:
     assert a.proc is not None and b.proc is not None
     direct = request_bytes(b.port, "claude:fake")
     forwarded = request_bytes(a.port, "claude:fake")
@@ -85,7 +86,7 @@ async def measure(args: argparse.Namespace, a: ServerProcess, b: ServerProcess) 
     ]
 
 
-def served_by(server: ServerProcess, model: str) -> str:
+def served_by(server: BenchServer, model: str) -> str:
     response = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
         "model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]})
     response.raise_for_status()
@@ -95,7 +96,7 @@ def served_by(server: ServerProcess, model: str) -> str:
 def main() -> None:
     args = load_args(__doc__)
     processes: list[subprocess.Popen] = []
-    servers: list[ServerProcess] = []
+    servers: list[BenchServer] = []
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp)).start()
         try:

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess, wait_for, worker_health
+from benchmarks.harness import BenchServer, wait_for, worker_health
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}], "log_level": "WARNING"}
@@ -48,14 +48,14 @@ def warm_from_pretrained(path: Path, rounds: int) -> list[float]:
     return times
 
 
-def ready_spare(server: ServerProcess) -> dict | None:
+def ready_spare(server: BenchServer) -> dict | None:
     return next((s for s in server.status()["spare_workers"] if s.get("ready")), None)
 
 
 def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
     manifest = {"id": "sd", "category": "diffusion", "backend": "diffusers", "path": str(path),
                 "vram_mb": 3000}
-    server = ServerProcess(workdir, dict(GPU, spare_workers=spare), [manifest]).start()
+    server = BenchServer(workdir, dict(GPU, spare_workers=spare), [manifest]).start()
     requests, spares, worker_loads = [], [], []
     try:
         for _ in range(rounds):

@@ -23,7 +23,14 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import DEMO_GGUF, ServerProcess, llama_manifest
+from benchmarks.harness import (
+    DEFAULT_THREADS,
+    BenchServer,
+    demo_manifest,
+    llama_flags,
+    print_sides,
+    worker_argv,
+)
 
 BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
         "temperature": 0}
@@ -40,10 +47,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5, help="cold loads to measure")
     parser.add_argument("--warm", type=int, default=20, help="warm requests to measure")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help="llama.cpp threads (its own default: a thread per core)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp), {"log_level": "WARNING"},
-                               [llama_manifest("smol", DEMO_GGUF)]).start()
+        server = BenchServer(Path(tmp), {"log_level": "WARNING"},
+                             [demo_manifest("smol", threads=args.threads, ctx_size=1024)]).start()
         try:
             via = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
             cold, loads = [], []
@@ -56,6 +65,7 @@ def main() -> None:
             direct_client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
                                           api_key="x", max_retries=0)
             direct = [timed(direct_client, "smol") for _ in range(args.warm)]
+            flags = llama_flags(worker_argv(server, "smol"))  # one worker serves both sides
         finally:
             server.stop()
     med = statistics.median
@@ -71,6 +81,8 @@ def main() -> None:
     for name, value, ratio in rows:
         print(f"{name:<42}{value:>10.3f}{ratio:>10.2f}")
     print(f"{'proxy overhead, warm (ms)':<42}{(med(warm) - med(direct)) * 1000:>10.1f}")
+    print("the one llama.cpp worker both sides used ran with:")
+    print_sides({"worker": flags})
 
 
 if __name__ == "__main__":

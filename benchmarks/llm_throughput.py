@@ -12,7 +12,11 @@ server by hand and asking it, against asking model-boss for a model it has not l
 worker start + load + first token). Direct and through model-boss are measured in turns,
 medians over ``--runs``. Prints one table. Loopback only.
 
-    .venv/bin/python benchmarks/llm_throughput.py [--tokens 64] [--runs 5]
+Both sides run llama.cpp with the same flags (``--threads`` defaults to llama.cpp's own
+choice, a thread per core); the flags each side's server really runs with are read from its
+command line, printed under the table, and a run whose sides differ stops before measuring.
+
+    .venv/bin/python benchmarks/llm_throughput.py [--tokens 64] [--runs 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -30,21 +34,35 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import DEMO_GGUF, ServerProcess, free_port, llama_manifest, wait_for
+from benchmarks.harness import (
+    DEFAULT_THREADS,
+    DEMO_GGUF,
+    BenchServer,
+    demo_manifest,
+    free_port,
+    llama_flags,
+    print_sides,
+    same_except,
+    wait_for,
+    worker_argv,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PARALLEL = 8
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse."}]
 
 
-def start_native(gguf: Path, parallel: int) -> tuple[subprocess.Popen, str, dict]:
+def start_native(gguf: Path, parallel: int, threads: int,
+                 ) -> tuple[subprocess.Popen, str, dict]:
     port = free_port()
     key = "bench-secret"
     proc = subprocess.Popen(
         [sys.executable, "-m", "workers.llama", "--model", str(gguf), "--port", str(port),
-         "--ctx-size", str(1024 * parallel), "--parallel", str(parallel)],
+         "--ctx-size", str(1024 * parallel), "--parallel", str(parallel),
+         "--threads", str(threads), "--n-gpu-layers", "999"],
         cwd=ROOT, env={**os.environ, "LLAMA_API_KEY": key},
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}", {"authorization": f"Bearer {key}"}
@@ -108,9 +126,11 @@ def tps(url: str, headers: dict, model: str, clients: int, tokens: int) -> float
     return asyncio.run(tokens_per_second(url, headers, model, clients, tokens))
 
 
-def cold_native(gguf: Path) -> float:
+def cold_native(gguf: Path, threads: int, seen: dict) -> float:
     started = time.perf_counter()
-    proc, url, headers = start_native(gguf, 1)
+    proc, url, headers = start_native(gguf, 1, threads)
+    seen.setdefault("native server started by hand", llama_flags(psutil.Process(proc.pid)
+                                                                 .cmdline()))
     try:
         wait_for(lambda: healthy(url, headers), timeout=120, interval=0.02)
 
@@ -125,7 +145,7 @@ def cold_native(gguf: Path) -> float:
         proc.wait(30)
 
 
-def cold_through(server: ServerProcess, model: str) -> float:
+def cold_through(server: BenchServer, model: str, seen: dict) -> float:
     httpx.post(f"{server.url}/api/v1/models/{model}/unload", timeout=60)
 
     async def first() -> float:
@@ -134,13 +154,17 @@ def cold_through(server: ServerProcess, model: str) -> float:
             await one_stream(client, server.url, {}, model, 1)
             return time.perf_counter() - started
 
-    return asyncio.run(first())
+    elapsed = asyncio.run(first())
+    seen.setdefault("through model-boss (not loaded)", llama_flags(worker_argv(server, model)))
+    return elapsed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help="llama.cpp threads, the same on every side")
     args = parser.parse_args()
     gguf = DEMO_GGUF  # scripts/setup.sh fetched it
     # direct and through model-boss are measured in turns (which goes first alternates from
@@ -150,24 +174,31 @@ def main() -> None:
     through: dict[int, list[float]] = {1: [], PARALLEL: []}
     cold_alone: list[float] = []
     cold_mb: list[float] = []
-    proc, url, headers = start_native(gguf, PARALLEL)
+    cold_sides: dict[str, dict] = {}
+    proc, url, headers = start_native(gguf, PARALLEL, args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp), {"gpus": [{"index": 0, "name": "sim-8g",
-                                                     "vram_mb": 8192}]},
-                               [llama_manifest("smol", gguf, vram_mb=2000, parallel=PARALLEL,
-                                               ctx_size=1024 * PARALLEL),
-                                llama_manifest("cold", gguf, vram_mb=2000)]).start()
+        gpu = {"index": 0, "name": "sim-8g", "vram_mb": 8192}
+        server = BenchServer(Path(tmp), {"gpus": [gpu]}, [
+            demo_manifest("smol", gguf=gguf, threads=args.threads, ctx_size=1024 * PARALLEL,
+                          parallel=PARALLEL, vram_mb=2000),
+            demo_manifest("cold", gguf=gguf, threads=args.threads, ctx_size=1024,
+                          vram_mb=2000)]).start()
         try:
             wait_for(lambda: healthy(url, headers), timeout=120)
+            tps(server.url, {}, "smol", 1, 4)  # its worker started, to read its flags
+            warm_sides = {"direct": llama_flags(psutil.Process(proc.pid).cmdline()),
+                          "through model-boss": llama_flags(worker_argv(server, "smol"))}
+            same_except(warm_sides)
             for run in range(args.runs):
                 for n in (1, PARALLEL):
                     sides = [(direct, url, headers, "x"), (through, server.url, {}, "smol")]
                     for figures, base, auth, model in sides[::1 if run % 2 else -1]:
                         figures[n].append(tps(base, auth, model, n, args.tokens))
-                pair = [(cold_alone, lambda: cold_native(gguf)),
-                        (cold_mb, lambda: cold_through(server, "cold"))]
+                pair = [(cold_alone, lambda: cold_native(gguf, args.threads, cold_sides)),
+                        (cold_mb, lambda: cold_through(server, "cold", cold_sides))]
                 for figures, measure_cold in pair[::1 if run % 2 else -1]:
                     figures.append(measure_cold())
+                same_except(cold_sides)
         finally:
             server.stop()
             proc.terminate()
@@ -208,6 +239,9 @@ def main() -> None:
     print(f"{'native server started by hand':<40}{med(cold_alone):>10.3f}{1.0:>10.2f}")
     print(f"{'through model-boss (not loaded)':<40}{med(cold_mb):>10.3f}"
           f"{ratio(cold_mb, cold_alone):>10.2f}")
+    print("llama.cpp flags each side ran with (read from its command line):")
+    print_sides({**{f"tokens/s, {k}": v for k, v in warm_sides.items()},
+                 **{f"cold start, {k}": v for k, v in cold_sides.items()}})
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess, free_port, wait_for
+from benchmarks.harness import BenchServer, free_port, wait_for
 
 KEY = "bench-key"
 BODY = b'{"model":"%s","messages":[{"role":"user","content":"ping"}],"max_tokens":8}'
@@ -162,7 +162,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(args: argparse.Namespace, upstream: psutil.Process, up_port: int,
-                  slow_port: int, server: ServerProcess) -> list[Row]:
+                  slow_port: int, server: BenchServer) -> list[Row]:
     """Every measurement, direct and proxied, in one event loop."""
     assert server.proc is not None
     mb_port, coordinator = server.port, psutil.Process(server.proc.pid)
@@ -225,7 +225,7 @@ def load_args(doc: str | None) -> argparse.Namespace:
 def main() -> None:
     args = load_args(__doc__)
     processes: list[subprocess.Popen] = []
-    server: ServerProcess | None = None
+    server: BenchServer | None = None
     try:
         upstream, up_port = start_upstream()
         processes.append(upstream)
@@ -239,7 +239,7 @@ def main() -> None:
                       "base_url": f"http://127.0.0.1:{slow_port}/v1",
                       "api_key_env": "BENCH_UPSTREAM_KEY", "remote_model": "remote-x"}]
         with tempfile.TemporaryDirectory() as tmp:
-            server = ServerProcess(Path(tmp), {"log_level": "WARNING", **GPU}, manifests,
+            server = BenchServer(Path(tmp), {"log_level": "WARNING", **GPU}, manifests,
                                    env={"BENCH_UPSTREAM_KEY": KEY}).start()
             rows = asyncio.run(measure(args, psutil.Process(upstream.pid), up_port, slow_port,
                                        server))

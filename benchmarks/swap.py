@@ -31,11 +31,12 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import ServerProcess, worker_health
+from benchmarks.harness import BenchServer, worker_health
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}], "log_level": "WARNING",
-       "reclaim_sleep_s": 2.0}  # the default; the test fixture's server sets 0
+       "reclaim_sleep_s": 2.0,  # the default
+       "spare_workers": False}  # the cold side loads from disk; the spare is cold_start.py's
 WARM_REQUESTS = 3
 
 
@@ -44,7 +45,7 @@ def manifest(model_id: str, path: Path) -> dict:
             "path": str(path), "vram_mb": 3000}
 
 
-def image(server: ServerProcess, model: str) -> tuple[float, float]:
+def image(server: BenchServer, model: str) -> tuple[float, float]:
     """One image request: the client's time to the image, and of that the time the worker
     spent generating (its own timings), so a busy box's slow generations cancel out."""
     started = time.perf_counter()
@@ -58,7 +59,7 @@ def image(server: ServerProcess, model: str) -> tuple[float, float]:
 def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
         checkout: Path | None = None) -> dict:
     config = dict(GPU, **({} if cpu_tier else {"max_offloaded_mb": 0}))
-    server = ServerProcess(workdir, config, [manifest(m, p) for m, p in paths.items()])
+    server = BenchServer(workdir, config, [manifest(m, p) for m, p in paths.items()])
     if checkout is not None:
         server.checkout = checkout
     server.start()
@@ -128,7 +129,7 @@ def main() -> None:
         cold = None if args.skip_cold else run(root / "cold", paths, args.switches,
                                                 cpu_tier=False)
     print(f"A->B->A switching, {args.switches} switches per run, pipelines of {size_mb:.0f} MB, "
-          "CPU only (declared GPU), reclaim_sleep_s 2 (default); medians, seconds")
+          "CPU only (declared GPU), reclaim_sleep_s 2 (default), no spare worker; medians, seconds")
     print(f"{'CPU-tier switch':<22}{'observed':>10}{'generation':>12}{'switch cost':>13}"
           f"{'raw moves':>11}{'cost/raw':>10}{'observed/raw':>14}")
     for name, result in runs.items():

@@ -36,7 +36,14 @@ def demo_gguf() -> Path:
 
 
 class ServerProcess:
-    """A real coordinator: ``python -m model_boss serve --config FILE`` in its own process."""
+    """A real coordinator: ``python -m model_boss serve --config FILE`` in its own process.
+
+    ``TUNING`` is the suite's own: settings that make tests quick on two cores. Benchmarks
+    use ``benchmarks.harness.BenchServer``, which has none."""
+
+    TUNING: dict = {"reclaim_sleep_s": 0, "stop_grace_s": 5, "health_timeout_s": 60,
+                    # on where a test is about them: each costs CPU at start
+                    "spare_workers": False}
 
     def __init__(self, workdir: Path, config: dict, manifests: list[dict],
                  env: dict[str, str] | None = None,
@@ -52,10 +59,8 @@ class ServerProcess:
         settings = {
             "host": "127.0.0.1", "port": self.port, "manifests": [str(manifest_dir)],
             "tasks_file": None, "models_dir": str(MODELS_DIR),
-            "state_dir": str(workdir / "state"), "reclaim_sleep_s": 0,
-            "stop_grace_s": 5, "health_timeout_s": 60, "use_nvml": False,
-            "spare_workers": False,  # on where a test is about them: each costs CPU at start
-            **config,
+            "state_dir": str(workdir / "state"), "use_nvml": False,
+            **self.TUNING, **config,
         }
         self.config_path = workdir / "model-boss.yaml"
         self.config_path.write_text(yaml.safe_dump(settings))
