@@ -155,14 +155,19 @@ def make_server(tmp_path_factory):
         server.stop()
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what=None):
+    """Poll ``predicate`` until it returns something true (returned). On timeout the error
+    says what was last seen: ``what()`` when given (the state worth reading), else the last
+    value the predicate returned."""
     deadline = time.monotonic() + timeout
+    value = None
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    seen = what() if what is not None else value
+    raise AssertionError(f"condition not met within {timeout}s; last seen: {seen!r}")
 
 
 def pid_alive(pid: int) -> bool:

@@ -262,12 +262,22 @@ def test_a_member_killed_mid_job(members, redis_server):
     """The job C took (m1 is warm there) completes on another member, once; C's leases
     expire with it; m1 is served elsewhere after a reload."""
     a, c = members["a"], members["c"]
-    body = chat("m1", max_tokens=16, ignore_eos=True)
+    # m1 warm on C alone, in the submitting member's view: else another member may take it
+    wait_for(lambda: where(a, "m1") == {"c": "ready"}, timeout=10,
+             what=lambda: cluster(a)["models"])
+    # long enough that C cannot finish it between being seen running and being killed
+    body = chat("m1", max_tokens=200, ignore_eos=True)
     submitted = httpx.post(a.url + "/api/v1/jobs", timeout=10,
                            json={"endpoint": "/v1/chat/completions", "body": body})
     assert submitted.status_code == 202, submitted.text
     job_url = a.url + f"/api/v1/jobs/{submitted.json()['id']}"
-    wait_for(lambda: httpx.get(job_url, timeout=10).json()["member"] == "c", timeout=10)
+    seen: list[dict] = []
+
+    def running_on_c() -> bool:
+        seen.append(httpx.get(job_url, timeout=10).json())
+        return seen[-1]["status"] == "running" and seen[-1]["member"] == "c"
+
+    wait_for(running_on_c, timeout=30, what=lambda: seen[-1:])
     c.stop(signal.SIGKILL)
 
     async def c_leases() -> list:
@@ -277,8 +287,10 @@ def test_a_member_killed_mid_job(members, redis_server):
         finally:
             await store.close()
 
-    wait_for(lambda: {m["host_id"] for m in cluster(a)["members"]} == {"a", "b"}, timeout=10)
-    wait_for(lambda: asyncio.run(c_leases()) == [], timeout=10)  # expired with it
+    wait_for(lambda: {m["host_id"] for m in cluster(a)["members"]} == {"a", "b"}, timeout=10,
+             what=lambda: cluster(a)["members"])
+    wait_for(lambda: asyncio.run(c_leases()) == [], timeout=10,  # expired with it
+             what=lambda: asyncio.run(c_leases()))
     try:
         done = wait_for(lambda: (j := httpx.get(job_url, timeout=10).json())["status"]
                         in ("succeeded", "failed", "cancelled") and j, timeout=120)
@@ -287,11 +299,12 @@ def test_a_member_killed_mid_job(members, redis_server):
                              f"{members['b'].log()}") from None
     assert done["status"] == "succeeded", done
     assert done["member"] in ("a", "b")
-    assert done["result"]["usage"]["completion_tokens"] == 16
+    assert done["result"]["usage"]["completion_tokens"] == 200
     client = redis.Redis.from_url(redis_server.url)
     try:
         wait_for(lambda: client.xpending("model-boss:cluster:jobs:m1", "members")["pending"]
-                 == 0, timeout=10)
+                 == 0, timeout=10,
+                 what=lambda: client.xpending("model-boss:cluster:jobs:m1", "members"))
         assert httpx.get(job_url, timeout=10).json()["finished_at"] == done["finished_at"]
     finally:
         client.close()
