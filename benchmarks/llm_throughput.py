@@ -34,7 +34,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import (
@@ -129,8 +128,7 @@ def tps(url: str, headers: dict, model: str, clients: int, tokens: int) -> float
 def cold_native(gguf: Path, threads: int, seen: dict) -> float:
     started = time.perf_counter()
     proc, url, headers = start_native(gguf, 1, threads)
-    seen.setdefault("native server started by hand", llama_flags(psutil.Process(proc.pid)
-                                                                 .cmdline()))
+    seen.setdefault("native server started by hand", llama_flags(proc.args))
     try:
         wait_for(lambda: healthy(url, headers), timeout=120, interval=0.02)
 
@@ -186,7 +184,7 @@ def main() -> None:
         try:
             wait_for(lambda: healthy(url, headers), timeout=120)
             tps(server.url, {}, "smol", 1, 4)  # its worker started, to read its flags
-            warm_sides = {"direct": llama_flags(psutil.Process(proc.pid).cmdline()),
+            warm_sides = {"direct": llama_flags(proc.args),
                           "through model-boss": llama_flags(worker_argv(server, "smol"))}
             same_except(warm_sides)
             for run in range(args.runs):
