@@ -30,6 +30,7 @@ from benchmarks.harness import (
     llama_flags,
     print_sides,
     worker_argv,
+    worker_process,
 )
 
 BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
@@ -62,8 +63,9 @@ def main() -> None:
                 loads.append(server.status()["slots"][0]["last_load_s"])
             warm = [timed(via, "smol") for _ in range(args.warm)]
             port = server.status()["slots"][0]["port"]
+            key = worker_process(server, "smol").environ()["LLAMA_API_KEY"]  # its own secret
             direct_client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
-                                          api_key="x", max_retries=0)
+                                          api_key=key, max_retries=0)
             direct = [timed(direct_client, "smol") for _ in range(args.warm)]
             flags = llama_flags(worker_argv(server, "smol"))  # one worker serves both sides
         finally:

@@ -23,7 +23,7 @@ from tests.conftest import DEMO_GGUF, ServerProcess, free_port, wait_for, worker
 
 __all__ = ["DEFAULT_THREADS", "DEMO_GGUF", "BenchServer", "demo_manifest", "free_port",
            "llama_flags", "print_sides", "same_except", "wait_for", "worker_argv",
-           "worker_health"]
+           "worker_health", "worker_process"]
 
 # llama.cpp's own default: one thread per core it counts; said out loud so both sides of a
 # comparison can be given the same number, and printed
@@ -60,15 +60,20 @@ def llama_flags(argv: Iterable[str]) -> dict[str, str]:
     return flags
 
 
-def worker_argv(server: ServerProcess, model_id: str) -> list[str]:
-    """The command line of the coordinator's llama.cpp worker for ``model_id`` (what
-    model-boss really started, not what its manifest asked for)."""
+def worker_process(server: ServerProcess, model_id: str) -> psutil.Process:
+    """The coordinator's llama.cpp worker for ``model_id``."""
     assert server.proc is not None
     for child in psutil.Process(server.proc.pid).children(recursive=True):
         cmdline = child.cmdline()
         if "--alias" in cmdline and cmdline[cmdline.index("--alias") + 1] == model_id:
-            return cmdline
+            return child
     raise RuntimeError(f"no worker for '{model_id}' under the coordinator")
+
+
+def worker_argv(server: ServerProcess, model_id: str) -> list[str]:
+    """The command line of the coordinator's llama.cpp worker for ``model_id`` (what
+    model-boss really started, not what its manifest asked for)."""
+    return worker_process(server, model_id).cmdline()
 
 
 def same_except(sides: Mapping[str, Mapping[str, Any]], measured: Iterable[str] = ()) -> None:
