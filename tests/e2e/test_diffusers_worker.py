@@ -221,12 +221,14 @@ def test_offload_refused_while_generating_and_cancel(worker):
 
     def long_generation() -> None:
         result["answer"] = worker.post("/generate", json={"prompt": "x", "width": 64,
-                                                          "height": 64, "steps": 200})
+                                                          "height": 64, "steps": 200,
+                                                          "request_id": "refused-long"})
 
     thread = threading.Thread(target=long_generation)
     thread.start()
-    try:
-        wait_for(lambda: httpx.get(worker.url + "/progress").json()["step"] >= 1, timeout=30)
+    try:  # this generation's steps: /progress shows the last one until it begins
+        wait_for(lambda: _denoising(worker, "refused-long"), timeout=30,
+                 what=lambda: httpx.get(worker.url + "/progress").json())
         health = worker.health().json()  # answers during a generation
         assert health["generating"] is True and health["progress"]["steps"] == 200
         for path in ("/offload", "/onload"):
@@ -273,9 +275,16 @@ def _cancel(worker: WorkerProcess, request_id: str | None = None) -> dict:
     return answer.json()
 
 
+def _denoising(worker: WorkerProcess, request_id: str) -> bool:
+    """``request_id``'s generation has taken a denoising step (not an earlier one's)."""
+    progress = httpx.get(worker.url + "/progress").json()
+    return progress.get("request_id") == request_id and progress["step"] >= 1
+
+
 def test_cancel_before_denoising_starts_stops_that_generation_only(worker):
     running = Background(worker, steps=200, request_id="long-a")
-    wait_for(lambda: httpx.get(worker.url + "/progress").json()["step"] >= 1, timeout=30)
+    wait_for(lambda: _denoising(worker, "long-a"), timeout=30,
+             what=lambda: httpx.get(worker.url + "/progress").json())
     queued = Background(worker, steps=2, request_id="queued-b")  # waits for the weights
     wait_for(lambda: _admitted(worker, "queued-b"), timeout=30)
     duplicate = worker.post("/generate", json={"prompt": "x", "steps": 1,
@@ -358,7 +367,9 @@ def test_sigterm_mid_generation_exits_promptly(tiny_sd, tmp_path):
         started = time.monotonic()
         proc.proc.send_signal(signal.SIGTERM)
         assert proc.proc.wait(timeout=15) == 0
-        assert time.monotonic() - started < 5
+        took = time.monotonic() - started
+        assert took < 5, f"exited {took:.2f}s after SIGTERM; its log:\n" \
+                         f"{proc.log_path.read_text()[-3000:]}"
         thread.join(10)
     finally:
         proc.stop()
