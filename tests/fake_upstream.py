@@ -5,9 +5,14 @@
 
 ``POST /v1/chat/completions`` answers with the last user message and the model name it
 received (``echo: <text>``, ``model: <name>``); a stream sends ``--chunks`` chunks, each
-after ``--chunk-delay-ms``, then ``[DONE]``. ``--break-after N`` drops the connection after N
+after ``--chunk-delay-ms``, then a usage chunk when ``stream_options.include_usage`` asks,
+then ``[DONE]``. A body with ``tools`` is answered with a call of the first tool, arguments
+``{"city": "Paris"}`` (streamed in two pieces). ``POST /v1/messages`` is Anthropic's Messages
+API, the same echo as a message (or its events), and wants the ``anthropic-version`` header;
+``/v1/messages/count_tokens`` answers 7. ``--break-after N`` drops the connection after N
 chunks (a remote that dies mid-stream). ``GET /v1/models`` lists one model. A wrong or
-missing key (with ``--require-key``) gets 401 in the OpenAI envelope.
+missing key (with ``--require-key``: ``Authorization: Bearer`` or ``x-api-key``) gets 401 in
+the OpenAI envelope.
 
 It is also the baseline of ``benchmarks/proxy_overhead.py``, so it is a raw ASGI app with
 orjson on uvicorn's fastest loop and parser, without an access log.
@@ -74,11 +79,63 @@ async def lifespan(receive: Receive, send: Send) -> None:
 
 
 def last_user_text(body: dict[str, Any]) -> str:
-    """The content of the last user message, or '' when there is none."""
+    """The content of the last user message (its text parts), or '' when there is none."""
     for message in reversed(body.get("messages") or []):
         if isinstance(message, dict) and message.get("role") == "user":
-            return str(message.get("content", ""))
+            content = message.get("content", "")
+            if isinstance(content, list):
+                return "".join(str(part.get("text", "")) for part in content
+                               if isinstance(part, dict))
+            return str(content)
     return ""
+
+
+TOOL_ARGUMENTS = ('{"city": ', '"Paris"}')
+
+
+def tool_call_answer(body: dict[str, Any], model: Any) -> bytes:
+    name = body["tools"][0]["function"]["name"]
+    return orjson.dumps({
+        "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_fake", "type": "function",
+                "function": {"name": name, "arguments": "".join(TOOL_ARGUMENTS)}}]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
+
+
+def sse(data: dict[str, Any], kind: str | None = None) -> bytes:
+    head = f"event: {kind}\n".encode() if kind else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+async def messages_answer(send: Send, body: dict[str, Any], chunks: int) -> None:
+    """Anthropic's Messages API: the echo as a message, or as its stream of events."""
+    text = f"echo: {last_user_text(body)}"
+    message = {"id": "msg_fake", "type": "message", "role": "assistant",
+               "model": body.get("model"), "content": [{"type": "text", "text": text}],
+               "stop_reason": "end_turn", "stop_sequence": None,
+               "usage": {"input_tokens": 7, "output_tokens": chunks}}
+    if not body.get("stream"):
+        await respond(send, 200, orjson.dumps(message))
+        return
+    events = [sse({"type": "message_start",
+                   "message": {**message, "content": [], "stop_reason": None}}, "message_start"),
+              sse({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "text", "text": ""}}, "content_block_start")]
+    events += [sse({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": f"part{i} "}},
+                   "content_block_delta") for i in range(chunks)]
+    events += [sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+               sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": chunks}}, "message_delta"),
+               sse({"type": "message_stop"}, "message_stop")]
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    for one in events:
+        await send({"type": "http.response.body", "body": one, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def make_app(require_key: str | None = None, fail_status: int | None = None,
@@ -86,12 +143,30 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
              break_after: int | None = None) -> ASGIApp:
     """The ASGI app, configured by the command-line flags."""
     expected = f"Bearer {require_key}".encode() if require_key else None
+    anthropic_key = require_key.encode() if require_key else None
     delay_s = chunk_delay_ms / 1000
 
-    async def stream(send: Send, model: Any) -> None:
+    async def stream(send: Send, model: Any, body: dict[str, Any]) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"),
                                 (b"cache-control", b"no-cache")]})
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": model}
+        if body.get("tools"):
+            name = body["tools"][0]["function"]["name"]
+            for i, piece in enumerate(TOOL_ARGUMENTS):
+                call = {"index": 0, "function": {"arguments": piece}}
+                if i == 0:
+                    call.update(id="call_fake", type="function")
+                    call["function"]["name"] = name
+                await send({"type": "http.response.body", "more_body": True, "body": sse(
+                    {**base, "choices": [{"index": 0, "delta": {"tool_calls": [call]},
+                                          "finish_reason": None}]})})
+            await send({"type": "http.response.body", "more_body": True, "body": sse(
+                {**base, "choices": [{"index": 0, "delta": {},
+                                      "finish_reason": "tool_calls"}]})})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            return
         for i in range(chunks):
             if break_after is not None and i >= break_after:
                 # let the chunks already sent leave the socket buffer first: an abort right
@@ -107,6 +182,11 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
                                   "finish_reason": None}]}
             await send({"type": "http.response.body", "more_body": True,
                         "body": b"data: " + orjson.dumps(chunk) + b"\n\n"})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({"type": "http.response.body", "more_body": True, "body": sse(
+                {**base, "choices": [], "usage": {"prompt_tokens": 1,
+                                                  "completion_tokens": chunks,
+                                                  "total_tokens": chunks + 1}})})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,13 +197,25 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
             return
         path, method = scope["path"], scope["method"]
         if expected is not None and not any(
-                name == b"authorization" and value == expected
+                (name == b"authorization" and value == expected)
+                or (name == b"x-api-key" and value == anthropic_key)
                 for name, value in scope["headers"]):
             await respond(send, 401, envelope("Incorrect API key provided",
                                               "authentication_error", "invalid_api_key"))
             return
         if path == "/v1/models" and method == "GET":
             await respond(send, 200, MODELS)
+            return
+        if path == "/v1/messages/count_tokens" and method == "POST":
+            await respond(send, 200, b'{"input_tokens":7}')
+            return
+        if path == "/v1/messages" and method == "POST":
+            if not any(name == b"anthropic-version" for name, _ in scope["headers"]):
+                await respond(send, 400, orjson.dumps({"type": "error", "error": {
+                    "type": "invalid_request_error",
+                    "message": "anthropic-version: header is required"}}))
+                return
+            await messages_answer(send, orjson.loads(await read_body(receive)), chunks)
             return
         if path != "/v1/chat/completions" or method != "POST":
             await respond(send, 404, envelope(f"no route {method} {path}",
@@ -141,7 +233,10 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
             return
         model = body.get("model")
         if body.get("stream"):
-            await stream(send, model)
+            await stream(send, model, body)
+            return
+        if body.get("tools"):
+            await respond(send, 200, tool_call_answer(body, model))
             return
         await respond(send, 200, orjson.dumps({
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),

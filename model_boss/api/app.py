@@ -10,8 +10,9 @@ from fastapi import FastAPI
 from ..coordinator import Coordinator
 from ..services import run_job
 from ..settings import Settings, load_settings
-from . import admin, dashboard, jobs, leases, llamacpp, ollama, openai
+from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai
 from .early_forward import EarlyForwarding
+from .envelopes import ErrorEnvelope
 from .errors import install_error_handlers
 from .limits import BodyLimit
 from .middleware import AuthAndMetrics, InternalErrors
@@ -37,13 +38,16 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
-    # the last added runs first: Ollama's envelope → errors → keys and metrics → body limits
-    # → early forwards (cluster members) → routes
+    # the last added runs first: Ollama's and Anthropic's envelopes → errors → keys and
+    # metrics → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
-    app.add_middleware(ollama.OllamaErrors)
-    for module in (openai, llamacpp, ollama, admin, jobs, leases, dashboard):
+    app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,
+                       rewrite=anthropic.anthropic_error_body)
+    app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
+                       rewrite=ollama.ollama_error_body, json_body=True)
+    for module in (openai, anthropic, llamacpp, ollama, admin, jobs, leases, dashboard):
         app.include_router(module.router)
     return app

@@ -1,6 +1,6 @@
 """Ollama's API on the same port, so Ollama clients work unchanged: parse, hand to
 :mod:`model_boss.services.ollama`, answer. Errors on these routes leave in Ollama's envelope
-(:class:`OllamaErrors`); the API key is the user key (``api_key``), not the admin one."""
+(:func:`ollama_error_body`); the API key is the user key (``api_key``), not the admin one."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import BadRequest
 from ..services.ollama import service
@@ -23,6 +21,7 @@ from ..services.ollama.schemas import (
     OllamaShowRequest,
 )
 from .context import coordinator_of, disconnect_watch, to_response
+from .envelopes import error_message
 
 router = APIRouter(tags=["ollama"])
 DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
@@ -98,56 +97,6 @@ async def manifest_only(request: Request) -> Response:
     raise service.refused(route)
 
 
-class OllamaErrors:
-    """On Ollama's routes, every error answer (ours, a validation failure, a missing key, a
-    body over the limit) in Ollama's envelope ``{"error": "message"}``, status and headers
-    (``Retry-After``) kept. A body is JSON whatever its content type says, as Ollama reads
-    it (``curl -d`` sends a form type). Other routes pass untouched."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_ollama_path(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        headers = MutableHeaders(scope=scope)
-        headers["content-type"] = "application/json"  # updates scope["headers"]
-        start: Message | None = None
-        parts: list[bytes] = []
-
-        async def rewrite(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                start = message  # held until the body is whole
-                return
-            if start is None:
-                await send(message)
-                return
-            parts.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            body = ollama_error_body(b"".join(parts))
-            headers = MutableHeaders(raw=list(start["headers"]))
-            headers["content-length"] = str(len(body))
-            headers["content-type"] = "application/json"
-            await send({**start, "headers": headers.raw})
-            await send({"type": "http.response.body", "body": body})
-
-        await self.app(scope, receive, rewrite)
-
-
-def ollama_error_body(raw: bytes) -> bytes:
+def ollama_error_body(_status: int, raw: bytes) -> bytes:
     """``{"error": {"message": ...}}`` (or any error body) as ``{"error": "..."}``."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        data = None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        message = error.get("message")
-    elif isinstance(error, str):
-        message = error
-    else:
-        message = raw.decode(errors="replace").strip()
-    return orjson.dumps({"error": str(message or "request failed")})
+    return orjson.dumps({"error": error_message(raw)})

@@ -1,4 +1,4 @@
-"""CloudBackend: an OpenAI-compatible remote (how ``claude:*`` ids are served). No VRAM.
+"""CloudBackend: a remote speaking OpenAI's API, or Anthropic's (``api: anthropic``). No VRAM.
 
 The data path is the shared :class:`~model_boss.backends.upstream.UpstreamClient` (one pooled
 keep-alive aiohttp session per backend; see that module for why not httpx) and the same
@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..catalog import CatalogEntry
-from ..errors import ModelBossError, UpstreamError
+from ..errors import BadRequest, ModelBossError, UpstreamError
 from ..gpu.placement import Placement
 from ..settings import Settings
 from .base import UpstreamResponse, forward
@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 
 # Connections to one remote: sized for many concurrent requests, not for a local worker.
 MAX_CONNECTIONS = 256
+ANTHROPIC_VERSION = "2023-06-01"  # the Messages API's version header, for ``api: anthropic``
 
 
 class CloudBackend:
-    """A remote reached at the manifest's ``base_url``, with the key named by ``api_key_env``.
+    """A remote (OpenAI's API, or Anthropic's with ``api: anthropic``) reached at the
+    manifest's ``base_url``, with the key named by ``api_key_env``.
 
     Nothing is spawned (``pid`` is None, ``on_exit`` never fires); ``start`` opens one pooled
     client, each request's body is serialised once with ``model`` set to ``remote_model``,
@@ -50,15 +52,20 @@ class CloudBackend:
         self._client: UpstreamClient | None = None
         self._headers: dict[str, str] = {"content-type": "application/json"}
         self._remote_model = self.manifest.remote_model or self.manifest.id
+        self.speaks_anthropic = self.manifest.api == "anthropic"
 
     async def start(self, port: int, placement: Placement | None) -> None:
         """Read the key from the environment and open the pooled client; ``port`` and
         ``placement`` do not apply to a remote."""
         m = self.manifest
         self._headers = {"content-type": "application/json"}
+        if self.speaks_anthropic:
+            self._headers["anthropic-version"] = ANTHROPIC_VERSION
         if m.api_key_env:
             key = os.environ.get(m.api_key_env)
-            if key:
+            if key and self.speaks_anthropic:
+                self._headers["x-api-key"] = key
+            elif key:
                 self._headers["authorization"] = f"Bearer {key}"
             else:
                 log.warning("%s: api_key_env %s is not set; calling %s without a key",
@@ -87,6 +94,10 @@ class CloudBackend:
         if self._client is None:
             raise ModelBossError(f"'{self.manifest.id}' is not started", status_code=503,
                                  code="model_load_failed")
+        if self.speaks_anthropic and not endpoint.startswith("/v1/messages"):
+            raise BadRequest(f"'{self.manifest.id}' speaks Anthropic's Messages API only: "
+                             "send it to /v1/messages", param="model",
+                             code="unsupported_endpoint")
         body["model"] = self._remote_model  # the caller hands us its own copy
         path = endpoint[3:] if endpoint.startswith("/v1/") else endpoint
         return await forward(self._client, path, orjson.dumps(body), self._headers, stream,

@@ -75,6 +75,12 @@ class LlamaCppServerBackend(LlamaServerBackend):
     ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in."""
 
     secret_env = "LLAMA_API_KEY"
+
+    @property
+    def speaks_anthropic(self) -> bool:
+        """llama.cpp's server answers ``/v1/messages`` itself, with its own chat template (a
+        template rendered here needs the chat translation)."""
+        return not self.renders_template()
     # llama.cpp's server says when it starts on the weights and when they are in (the
     # threadpool comes up right before its warm-up run); its /health says only "Loading
     # model" until the end, so no fraction

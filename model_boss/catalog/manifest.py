@@ -91,6 +91,7 @@ class ModelManifest(BaseModel):
     allow_cpu_vae: bool = True
     # cloud / command
     base_url: str | None = None
+    api: Literal["openai", "anthropic"] = "openai"  # the API a cloud remote speaks
     api_key_env: str | None = None
     remote_model: str | None = None
     command: list[str] = Field(default_factory=list)

@@ -20,7 +20,7 @@ from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavaila
 from ..scheduling.queue import QueuedRequest
 from .extensions import Extensions
 from .native import NATIVE_BODIES
-from .served import MODEL_HEADER, Served, sse_error
+from .served import MODEL_HEADER, Served, StreamEnd, openai_stream_end
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 # the endpoints a member answers on the same path as the worker's (images are kept where
 # they arrive: their files are served by the member that wrote them)
 FORWARDABLE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                         "/v1/responses", "/v1/audio/speech", *NATIVE_BODIES})
+                         "/v1/responses", "/v1/audio/speech", "/v1/messages",
+                         "/v1/messages/count_tokens", *NATIVE_BODIES})
 
 
 def forward_body(body: dict[str, Any], ext: Extensions, *, client_id: str, priority: int,
@@ -43,8 +44,10 @@ def forward_body(body: dict[str, Any], ext: Extensions, *, client_id: str, prior
 
 
 async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
-                          ext: Extensions, here: Callable[[], Awaitable[Served]]) -> Served:
-    """Serve ``queued`` where the cluster says; ``here`` serves it on this member."""
+                          ext: Extensions, here: Callable[[], Awaitable[Served]],
+                          end: StreamEnd = openai_stream_end) -> Served:
+    """Serve ``queued`` where the cluster says; ``here`` serves it on this member; ``end``
+    closes a forwarded stream that fails midway, in the route's protocol."""
     cluster = coord.cluster
     if cluster is None or ext.forwarded or queued.endpoint not in FORWARDABLE:
         return await here()
@@ -55,14 +58,14 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
                                 priority=queued.priority, budget_s=queued.budget_s)
             with contextlib.suppress(MemberUnreachable):  # then it is served here
                 return await forward_to(coord, route.member, queued.endpoint,
-                                        queued.model_id, sent)
+                                        queued.model_id, sent, end)
         served = await here()
         served.headers[MEMBER_HEADER] = cluster.host_id
         return served
 
 
 async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, model_id: str,
-                     body: dict[str, Any]) -> Served:
+                     body: dict[str, Any], end: StreamEnd = openai_stream_end) -> Served:
     """Send ``body`` on to ``member`` and pass its answer through (an error answer raised as
     the error it was there). A member that cannot be reached is forgotten until its next
     heartbeat, and :class:`MemberUnreachable` goes up: nothing was answered yet."""
@@ -81,7 +84,7 @@ async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, mo
     if reply.chunks is None:
         return Served(reply.status, headers, reply.content_type, body=reply.body or b"")
     return Served(reply.status, headers, reply.content_type,
-                  chunks=_relay(reply.chunks, sse_error))
+                  chunks=_relay(reply.chunks, end))
 
 
 # a member's refusal that says "this model cannot serve now": a task's next rung is worth a try
@@ -109,16 +112,14 @@ def member_error(status: int, body: bytes, retry_after: str | None) -> ModelBoss
     return error
 
 
-async def _relay(chunks: AsyncIterator[bytes],
-                 sse_error: Callable[[Exception], bytes]) -> AsyncIterator[bytes]:
+async def _relay(chunks: AsyncIterator[bytes], end: StreamEnd) -> AsyncIterator[bytes]:
     """Chunks as the member sent them; a member lost mid-stream ends it with an SSE error."""
     try:
         async for chunk in chunks:
             yield chunk
     except Exception as exc:  # the member went away mid-stream
         log.warning("forwarded stream failed: %s", exc)
-        yield sse_error(exc)
-        yield b"data: [DONE]\n\n"
+        yield end(exc)
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:

@@ -6,22 +6,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import orjson
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
 from ..cluster import FORWARDED_HEADER
 from .validation import parse
 
 
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not true/false")
+def _a_number(value: Any) -> Any:
+    # a JSON number, as OpenAI and Anthropic take one: "10" and true are refused by name
+    if isinstance(value, bool) or isinstance(value, str):
+        raise ValueError(f"must be a number, not {orjson.dumps(value).decode()}")
     return value
 
 
-# JSON numbers (or numeric strings, as headers carry them), never booleans; integers fit
-# in 64 bits, as every worker reads them
-Int = Annotated[int, BeforeValidator(_not_bool), Field(ge=-(2**63), le=2**63 - 1)]
-Number = Annotated[float, BeforeValidator(_not_bool)]
+# JSON numbers, never strings or booleans; integers fit in 64 bits, as every worker reads them
+Int = Annotated[int, BeforeValidator(_a_number), Field(ge=-(2**63), le=2**63 - 1)]
+Number = Annotated[float, BeforeValidator(_a_number)]
 
 
 class ExtensionFields(BaseModel):
@@ -45,6 +46,7 @@ class ExtensionFields(BaseModel):
 
 
 _HEADERS = {"x_client_id": "x-client-id", "x_priority": "x-priority"}
+_NUMERIC = {"x_priority"}
 
 
 @dataclass(slots=True)
@@ -62,6 +64,16 @@ class Extensions:
     request_id: str | None = None  # the queue's id for it (a job's id); set here, not by clients
 
 
+def _header_value(name: str, value: str) -> Any:
+    """A header's text as the field's type (a number where the field is one)."""
+    if name in _NUMERIC:
+        try:
+            return int(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
 def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:
     """Remove every ``x_*`` key from ``body`` and return them parsed; the ``X-Client-Id`` /
     ``X-Priority`` headers fill in what the body does not say."""
@@ -69,7 +81,7 @@ def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensio
     known = {name: found.pop(name) for name in ExtensionFields.model_fields if name in found}
     for name, header in _HEADERS.items():
         if known.get(name) is None and header in headers:
-            known[name] = headers[header]
+            known[name] = _header_value(name, headers[header])
     if not known:  # most requests: nothing to validate
         return Extensions(extra=found, forwarded=FORWARDED_HEADER in headers)
     fields = parse(ExtensionFields, known)

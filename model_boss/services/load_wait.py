@@ -18,11 +18,11 @@ import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from .extensions import Extensions
-from .served import MODEL_HEADER, Served, sse_error
+from .served import MODEL_HEADER, Adapter, Served, openai_stream_end
 from .serving import serve
 
 if TYPE_CHECKING:
@@ -32,14 +32,17 @@ KEEPALIVE_S = 2.0
 
 
 async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any],
-                          ext: Extensions, *, disconnected: asyncio.Event | None = None) -> Served:
+                          ext: Extensions, *, disconnected: asyncio.Event | None = None,
+                          adapter: Adapter | None = None) -> Served:
     """:func:`serve`, and for ``stream: true`` the comment lines above while a load runs."""
     if not body.get("stream"):
-        return await serve(coord, endpoint, body, ext, disconnected=disconnected)
+        return await serve(coord, endpoint, body, ext, disconnected=disconnected,
+                           adapter=adapter)
     ext.request_id = ext.request_id or "req-" + uuid.uuid4().hex[:16]
     rid = ext.request_id
     feed = coord.events.subscribe()
-    work = asyncio.ensure_future(serve(coord, endpoint, body, ext, disconnected=disconnected))
+    work = asyncio.ensure_future(serve(coord, endpoint, body, ext, disconnected=disconnected,
+                                       adapter=adapter))
     after_s = coord.settings.load_comments_after_s  # a shorter load is as if none
     seen: tuple[str, float] | None = None  # the model it waits on a load of, since when
     try:
@@ -61,7 +64,8 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
         raise
     assert line is not None and model is not None
     started: list[bool] = []
-    chunks = _comments_then(coord, work, feed, rid, line, started)
+    chunks = _comments_then(coord, work, feed, rid, line, started,
+                            adapter.stream_end if adapter else openai_stream_end)
     # a stream dropped before its first chunk (the client went as the answer began) runs no
     # clean-up of its own: then the request is cancelled when the stream is collected
     weakref.finalize(chunks, _never_streamed, coord, work, feed, started).atexit = False
@@ -102,7 +106,8 @@ def _waiting_line(coord: Coordinator, request_id: str) -> bytes | None:
 
 
 async def _comments_then(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queue,
-                         rid: str, first: bytes, started: list[bool]) -> AsyncIterator[bytes]:
+                         rid: str, first: bytes, started: list[bool],
+                         end: Callable[[Exception], bytes]) -> AsyncIterator[bytes]:
     started.append(True)
     served: Served | None = None
     try:
@@ -118,8 +123,7 @@ async def _comments_then(coord: Coordinator, work: asyncio.Future, feed: asyncio
         try:
             served = work.result()
         except Exception as exc:
-            yield sse_error(exc)
-            yield b"data: [DONE]\n\n"
+            yield end(exc)
             return
         if served.chunks is None:
             yield served.body

@@ -4,8 +4,9 @@ forwarding to a member share it without importing each other."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import orjson
 
@@ -14,6 +15,9 @@ from .redact import redacted
 
 MODEL_HEADER = "x-model-boss-model"
 WAIT_HEADER = "x-model-boss-queue-wait-s"
+# the bytes that end a stream which failed after it began, in the route's own protocol
+StreamEnd = Callable[[Exception], bytes]
+Chunks = AsyncIterator[bytes]
 
 @dataclass(slots=True)
 class Served:
@@ -31,3 +35,30 @@ def sse_error(exc: Exception) -> bytes:
     if not isinstance(exc, ModelBossError):
         exc = ModelBossError(f"stream failed: {exc}", code="stream_failed")
     return b"data: " + orjson.dumps(redacted(exc).envelope()) + b"\n\n"
+
+
+def openai_stream_end(exc: Exception) -> bytes:
+    """OpenAI's way: an error event in the envelope, then ``[DONE]``."""
+    return sse_error(exc) + b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class WorkerCall:
+    """What one request sends its worker, and how the worker's answer is told back to the
+    caller: ``answer`` rewrites a whole 2xx body, ``chunks`` wraps a stream."""
+
+    endpoint: str
+    body: dict[str, Any]
+    answer: Callable[[bytes], bytes] | None = None
+    chunks: Callable[[Chunks], Chunks] | None = None
+
+
+class Adapter(Protocol):
+    """A route's API spoken to workers that may speak another: which call a worker gets (its
+    own API when it speaks the route's, else a translation), and how a stream ends on a
+    failure. Without one, a request reaches the worker as it came."""
+
+    def call(self, backend: Any, model_id: str, endpoint: str,
+             body: dict[str, Any]) -> WorkerCall: ...
+
+    def stream_end(self, exc: Exception) -> bytes: ...

@@ -34,7 +34,15 @@ from .clustered import serve_clustered
 from .extensions import Extensions
 from .native import PROPS, worker_props
 from .redact import redacted
-from .served import MODEL_HEADER, WAIT_HEADER, Served, sse_error
+from .served import (
+    MODEL_HEADER,
+    WAIT_HEADER,
+    Adapter,
+    Served,
+    StreamEnd,
+    WorkerCall,
+    openai_stream_end,
+)
 
 if TYPE_CHECKING:
     from ..catalog.tasks import TaskSpec
@@ -53,19 +61,22 @@ LOAD_ONLY = "load"
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
                 disconnected: asyncio.Event | None = None,
-                on_dispatch: Dispatched | None = None) -> Served:
+                on_dispatch: Dispatched | None = None, adapter: Adapter | None = None) -> Served:
     """Route ``body`` and serve it. ``disconnected`` (set when the caller goes away) cancels
-    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it). Every
-    error leaves with its message redacted (no worker traceback, file path or address)."""
+    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it); ``adapter``
+    speaks the route's API to the worker that serves it (else the body goes as it came).
+    Every error leaves with its message redacted (no worker traceback, file path or
+    address)."""
     try:
-        return await _serve(coord, endpoint, body, ext, disconnected, on_dispatch)
+        return await _serve(coord, endpoint, body, ext, disconnected, on_dispatch, adapter)
     except ModelBossError as exc:
         redacted(exc)
         raise
 
 
 async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
-                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None) -> Served:
+                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None,
+                 adapter: Adapter | None) -> Served:
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
     profile = settings.clients.get(client_id)
@@ -107,7 +118,7 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             queued.request_id = ext.request_id
         try:
             return await _serve_on(coord, queued, dict(body, model=model_id), ext,
-                                   disconnected, on_dispatch)
+                                   disconnected, on_dispatch, adapter)
         except FALLBACK_ERRORS as exc:
             last_error = exc
             if position + 1 >= len(plan.candidates):
@@ -170,24 +181,23 @@ def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
 
 async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
                     ext: Extensions, disconnected: asyncio.Event | None,
-                    on_dispatch: Dispatched | None) -> Served:
+                    on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
     if coord.cluster is None:
-        return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch)
+        return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch, adapter)
     return await unless_disconnected(disconnected, serve_clustered(
         coord, queued, body, ext,
-        lambda: _serve_here(coord, queued, body, ext, disconnected, on_dispatch)))
+        lambda: _serve_here(coord, queued, body, ext, disconnected, on_dispatch, adapter),
+        adapter.stream_end if adapter else openai_stream_end))
 
 
 async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
                       ext: Extensions, disconnected: asyncio.Event | None,
-                      on_dispatch: Dispatched | None) -> Served:
+                      on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
     ticket: SlotTicket = await unless_disconnected(disconnected, coord.queue.acquire(queued))
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
     if on_dispatch is not None:
         on_dispatch(ticket)
-    _think(body, queued.endpoint, ext.thinking if ext.thinking is not None
-           else manifest.thinking)
     backend = ticket.slot.backend
     if queued.endpoint == LOAD_ONLY:
         ticket.release(ok=True)
@@ -195,19 +205,28 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
     try:
         if backend is None:
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")
-        work = (worker_props(backend, manifest.id) if queued.endpoint == PROPS
-                else backend.handle_request(queued.endpoint, body, bool(body.get("stream"))))
+        call = (adapter.call(backend, manifest.id, queued.endpoint, body) if adapter
+                else WorkerCall(queued.endpoint, body))
+        _think(call.body, call.endpoint, ext.thinking if ext.thinking is not None
+               else manifest.thinking)
+        work = (worker_props(backend, manifest.id) if call.endpoint == PROPS
+                else backend.handle_request(call.endpoint, call.body,
+                                            bool(call.body.get("stream"))))
         upstream = await unless_disconnected(disconnected, work)
     except BaseException as exc:
         ticket.release(ok=False, client_fault=_client_fault(exc))
         raise
     if upstream.stream is None:
         ticket.release(ok=True)
+        answer = upstream.body or b""
+        if call.answer is not None and 200 <= upstream.status < 300:
+            answer = call.answer(answer)
         return Served(upstream.status, headers,
-                      upstream.headers.get("content-type", "application/json"),
-                      body=upstream.body or b"")
+                      upstream.headers.get("content-type", "application/json"), body=answer)
+    chunks = call.chunks(upstream.stream) if call.chunks else upstream.stream
     return Served(upstream.status, headers, "text/event-stream",
-                  chunks=relay(upstream.stream, ticket, manifest.id))
+                  chunks=relay(chunks, ticket, manifest.id,
+                               adapter.stream_end if adapter else openai_stream_end))
 
 
 def _client_fault(exc: BaseException) -> bool:
@@ -216,10 +235,11 @@ def _client_fault(exc: BaseException) -> bool:
         isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500)
 
 
-async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
-                model_id: str) -> AsyncIterator[bytes]:
-    """Pass chunks through untouched; a failure mid-stream becomes an SSE error + [DONE]. A
-    client that goes away mid-stream is no failure of the model."""
+async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
+                end: StreamEnd = openai_stream_end) -> AsyncIterator[bytes]:
+    """Pass chunks through untouched; a failure mid-stream ends the stream with ``end`` (an
+    SSE error + [DONE] in OpenAI's protocol). A client that goes away mid-stream is no
+    failure of the model."""
     ok = gone = False
     try:
         async for chunk in chunks:
@@ -233,8 +253,7 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket,
             log.warning("stream from %s failed: %s", model_id, exc.message)
         else:
             log.exception("stream from %s failed", model_id)
-        yield sse_error(exc)
-        yield b"data: [DONE]\n\n"
+        yield end(exc)
     finally:
         with contextlib.suppress(Exception):
             await chunks.aclose()  # type: ignore[attr-defined]

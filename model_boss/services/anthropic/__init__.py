@@ -1,0 +1,9 @@
+"""Anthropic's Messages API: its bodies (:mod:`.schemas`), its translation to and from chat
+completions (:mod:`.translate`, :mod:`.stream`) and its serving (:mod:`.service`)."""
+
+from .schemas import CountTokensRequest, MessagesRequest
+from .service import COUNT_TOKENS, MESSAGES, messages
+from .stream import error_body
+
+__all__ = ["COUNT_TOKENS", "MESSAGES", "CountTokensRequest", "MessagesRequest", "error_body",
+           "messages"]
