@@ -23,7 +23,7 @@ from ..services.anthropic import (
     messages,
 )
 from .context import coordinator_of, disconnect_watch, to_response
-from .envelopes import error_message
+from .errors import error_message
 
 
 class AnthropicErrorDetail(BaseModel):

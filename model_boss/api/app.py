@@ -11,11 +11,14 @@ from ..coordinator import Coordinator
 from ..services import run_job
 from ..settings import Settings, load_settings
 from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai
-from .early_forward import EarlyForwarding
-from .envelopes import ErrorEnvelope
 from .errors import install_error_handlers
-from .limits import BodyLimit
-from .middleware import AuthAndMetrics, InternalErrors
+from .middleware import (
+    AuthAndMetrics,
+    BodyLimit,
+    EarlyForwarding,
+    ErrorEnvelope,
+    InternalErrors,
+)
 
 
 def create_app(settings: Settings | None = None, *,

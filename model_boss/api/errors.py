@@ -42,7 +42,7 @@ def internal_error(exc: Exception) -> Response:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Typed errors, validation errors and routing errors. Anything else is caught by
-    :class:`~model_boss.api.middleware.InternalErrors`, which answers without re-raising."""
+    :class:`~model_boss.api.middleware.auth.InternalErrors`, which answers without re-raising."""
 
     @app.exception_handler(ModelBossError)
     async def _ours(_request: Request, exc: ModelBossError) -> Response:
@@ -56,3 +56,19 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
         return envelope(str(exc.detail), exc.status_code, code=_CODES.get(exc.status_code),
                         headers=getattr(exc, "headers", None))
+
+
+def error_message(raw: bytes) -> str:
+    """The message of an error body in any envelope (or the body itself)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message")
+    elif isinstance(error, str):
+        message = error
+    else:
+        message = raw.decode(errors="replace").strip()
+    return str(message or "request failed")

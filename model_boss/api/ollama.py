@@ -21,7 +21,7 @@ from ..services.ollama.schemas import (
     OllamaShowRequest,
 )
 from .context import coordinator_of, disconnect_watch, to_response
-from .envelopes import error_message
+from .errors import error_message
 
 router = APIRouter(tags=["ollama"])
 DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import SecretStr
 
-from model_boss.api.keys import check_key, with_client
+from model_boss.api.middleware.keys import check_key, with_client
 from model_boss.errors import ConfigError
 from model_boss.settings import Settings, load_settings
 

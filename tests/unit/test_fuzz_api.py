@@ -21,8 +21,10 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode, openapi
 from schemathesis.python import asgi
 
+from model_boss.api.anthropic import is_anthropic_path
 from model_boss.api.app import create_app
 from model_boss.api.ollama import is_ollama_path
+from model_boss.services.anthropic.stream import ERROR_TYPES as ANTHROPIC_TYPES
 
 from .fakes import coordinator, manifest
 
@@ -106,6 +108,12 @@ def problems(response, path: str = "") -> list[str]:
     if is_ollama_path(path):
         return [] if isinstance(error, str) and error else [
             f"{response.status_code} without Ollama's envelope: {error}"]
+    if is_anthropic_path(path):
+        whole = orjson.loads(response.content)
+        good = whole.get("type") == "error" and isinstance(error, dict) \
+            and set(error) == {"type", "message"} and error["message"] \
+            and error["type"] == ANTHROPIC_TYPES.get(response.status_code, "api_error")
+        return [] if good else [f"{response.status_code} without Anthropic's envelope: {whole}"]
     if not isinstance(error, dict) or set(error) != ENVELOPE or not error["message"]:
         return [f"{response.status_code} with a malformed envelope: {error}"]
     return []

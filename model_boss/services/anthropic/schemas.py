@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from ..extensions import Int, Number
 from ..schemas import OpenAIRequest
@@ -17,6 +25,19 @@ from ..schemas import OpenAIRequest
 
 class _Block(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def _as_blocks(what: str):
+    """A string stands for one text block (as Anthropic reads it): one shape to validate,
+    and one message when the value is neither."""
+    def check(value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": "text", "text": value}]
+        if value is None or isinstance(value, list):
+            return value
+        raise ValueError(f"must be {what}")
+
+    return BeforeValidator(check)
 
 
 class TextBlock(_Block):
@@ -56,8 +77,8 @@ class ToolUseBlock(_Block):
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: StrictStr = Field(min_length=1)
-    content: StrictStr | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] \
-        | None = None
+    content: Annotated[list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None,
+                       _as_blocks("a string or an array of text and image blocks")] = None
     is_error: StrictBool | None = None
 
 
@@ -81,7 +102,8 @@ class Message(_Block):
     """One turn: ``content`` is a string or a non-empty list of blocks."""
 
     role: Literal["user", "assistant"]
-    content: StrictStr | Annotated[list[ContentBlock], Field(min_length=1)]
+    content: Annotated[list[ContentBlock], _as_blocks("a string or an array of content blocks"),
+                       Field(min_length=1)]
 
 
 class ToolSpec(_Block):
@@ -121,7 +143,8 @@ class _MessagesBase(OpenAIRequest):
         default=None, min_length=1,
         description="a model id or alias, or 'task:<name>'; a client profile may supply it")
     messages: list[Message] = Field(min_length=1)
-    system: StrictStr | list[TextBlock] | None = None
+    system: Annotated[list[TextBlock] | None,
+                      _as_blocks("a string or an array of text blocks")] = None
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None

@@ -9,12 +9,12 @@ import time
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..cluster import FORWARDED_HEADER, forward_refusal
-from ..coordinator import Coordinator
-from ..services.clustered import FORWARDABLE
-from .errors import envelope, internal_error
+from ...cluster import FORWARDED_HEADER, forward_refusal
+from ...coordinator import Coordinator
+from ...services.clustered import FORWARDABLE
+from ..errors import envelope, internal_error
+from ..ollama import DATA_PATHS, is_ollama_path
 from .keys import check_key, given_key, with_client
-from .ollama import DATA_PATHS, is_ollama_path
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
-from ..settings import Settings
+from ...settings import Settings
 
 CLIENT_HEADER = b"x-client-id"
 

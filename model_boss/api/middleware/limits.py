@@ -11,8 +11,8 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import BadRequest, PayloadTooLarge
-from .errors import error_response
+from ...errors import BadRequest, PayloadTooLarge
+from ..errors import error_response
 
 MAX_JSON_DEPTH = 100  # far beyond any OpenAI body; well inside every (de)serialiser's limit
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

@@ -18,14 +18,14 @@ from collections.abc import Awaitable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..cluster import MemberUnreachable
-from ..coordinator import Coordinator
-from ..errors import ModelBossError
-from ..services import ClientDisconnected, Served
-from ..services.early_forward import EARLY_PATHS, early_forward, send_early
-from ..services.redact import redacted
-from .context import to_response
-from .errors import error_response
+from ...cluster import MemberUnreachable
+from ...coordinator import Coordinator
+from ...errors import ModelBossError
+from ...services import ClientDisconnected, Served
+from ...services.early_forward import EARLY_PATHS, early_forward, send_early
+from ...services.redact import redacted
+from ..context import to_response
+from ..errors import error_response
 from .limits import replaying
 
 

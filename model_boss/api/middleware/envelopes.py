@@ -8,29 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import orjson
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..cluster import FORWARDED_HEADER
+from ...cluster import FORWARDED_HEADER
 
 Rewrite = Callable[[int, bytes], bytes]
-
-
-def error_message(raw: bytes) -> str:
-    """The message of an error body in any envelope (or the body itself)."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        data = None
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        message = error.get("message")
-    elif isinstance(error, str):
-        message = error
-    else:
-        message = raw.decode(errors="replace").strip()
-    return str(message or "request failed")
 
 
 class ErrorEnvelope:
