@@ -33,10 +33,13 @@ class ModelBossError(Exception):
         if status_code is not None:
             self.status_code = status_code
         self.retry_after_s = retry_after_s
+        # more fields of the error object, as a worker gave them (llama.cpp's n_ctx, ...)
+        self.details: dict[str, Any] = {}
 
     def envelope(self) -> dict[str, Any]:
         return {
             "error": {
+                **self.details,
                 "message": self.message,
                 "type": self.error_type,
                 "param": self.param,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +39,12 @@ _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 DEFAULT_STAY_WARM_S = {"diffusion": 900.0, "llm": 300.0, "vision": 60.0, "tts": 300.0,
                        "embedding": 300.0}
 
+
+# the default CORS origins: pages served from this machine, on any port (as Ollama allows)
+LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}:*" for scheme in ("http", "https")
+                         for host in ("localhost", "127.0.0.1", "[::1]"))
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s:]+(\]?)(:(\d{1,5}|\*))?$|"
+                     r"^[a-z][a-z0-9+.-]*://\[[0-9a-f:]+\](:(\d{1,5}|\*))?$", re.IGNORECASE)
 
 class DeclaredGPU(BaseModel):
     """A GPU declared in settings, used when NVML finds none (or to simulate a box)."""
@@ -113,6 +120,8 @@ class Settings(BaseSettings):
     api_keys: dict[Annotated[str, Field(min_length=1, max_length=200)],
                    Annotated[SecretStr, Field(min_length=1)]] = Field(default_factory=dict)
     admin_api_key: str | None = None
+    # browser origins that may call the API (CORS): "scheme://host", ":*" for any port, or "*"
+    cors_origins: list[str] = Field(default_factory=lambda: list(LOOPBACK_ORIGINS))
     allow_cloud_fallback: bool = True
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
     preload: list[str] = Field(default_factory=list)
@@ -123,6 +132,15 @@ class Settings(BaseSettings):
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True
     log_level: str = "INFO"
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.match(origin):
+                raise ValueError(f"{origin!r} is not an origin: 'scheme://host', "
+                                 "'scheme://host:port', 'scheme://host:*' (any port) or '*'")
+        return value
 
     @field_validator("manifests", mode="before")
     @classmethod

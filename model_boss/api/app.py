@@ -18,6 +18,7 @@ from .middleware import (
     EarlyForwarding,
     ErrorEnvelope,
     InternalErrors,
+    with_cors,
 )
 
 
@@ -41,7 +42,7 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
-    # the last added runs first: Ollama's and Anthropic's envelopes → errors → keys and
+    # the last added runs first: CORS → Ollama's and Anthropic's envelopes → errors → keys and
     # metrics → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=anthropic.anthropic_error_body)
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
                        rewrite=ollama.ollama_error_body, json_body=True)
+    app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     for module in (openai, anthropic, llamacpp, ollama, admin, jobs, leases, dashboard):
         app.include_router(module.router)
     return app

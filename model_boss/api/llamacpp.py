@@ -1,7 +1,8 @@
-"""llama.cpp's own routes (``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
-``/apply-template``, ``/props``), for clients written for ``llama-server``: each reaches the
-worker of the model the body (or ``?model=``) names, else the default task's, through the
-queue, leases and keys like every other request."""
+"""llama.cpp's own routes (``/completion`` and ``/completions``, ``/infill``, ``/tokenize``,
+``/detokenize``, ``/apply-template``, ``/props``, ``/slots``), for clients written for
+``llama-server``: each reaches the worker of the model the body (or ``?model=``) names, else
+the default task's, through the queue, leases and keys like every other request (``/slots``
+reads the running worker, unqueued)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.responses import Response
 from ..services import pop_extensions, serve
 from ..services.native import NATIVE_BODIES, PROPS
 from ..services.schemas import OpenAIRequest
+from ..services.worker_slots import SLOTS, worker_slots
 from .context import coordinator_of, disconnect_watch, to_response
 from .openai import serve_body
 
@@ -44,3 +46,13 @@ async def props(request: Request,
     async with disconnect_watch(request) as gone:
         served = await serve(coordinator_of(request), PROPS, data, ext, disconnected=gone)
     return to_response(served)
+
+
+@router.get(SLOTS)
+async def slots(request: Request,
+                model: str | None = Query(default=None, min_length=1,
+                                          description="a model id or alias; else the default "
+                                                      "task's")) -> Response:
+    """The running worker's slots, as llama-server lists them (``is_processing`` each), read
+    live and never queued; 409 when the model is not loaded."""
+    return to_response(await worker_slots(coordinator_of(request), model))

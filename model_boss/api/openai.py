@@ -1,7 +1,7 @@
 """The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, speech,
 images (and the files ``response_format: url`` links to), the Responses API. The routes
-llama-server answers without the ``/v1`` prefix answer here too, so clients written for it
-work unchanged."""
+llama-server answers in OpenAI's shape without the ``/v1`` prefix answer here too, so clients
+written for it work unchanged (``/completions`` is llama.cpp's native one, in :mod:`.llamacpp`)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ async def chat_completions(request: Request, body: ChatRequest) -> Response:
 
 
 @router.post("/v1/completions")
-@router.post("/completions", include_in_schema=False)
 async def completions(request: Request, body: CompletionRequest) -> Response:
     return await serve_body(request, "/v1/completions", body)
 

@@ -303,6 +303,12 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
     return UpstreamResponse(reply.status, kind, stream=relay())
 
 
+_ENVELOPE_FIELDS = {"message", "type", "code", "param"}
+_CODES = {"exceed_context_size_error": "context_length_exceeded"}
+# types that say "the server failed": a 4xx keeps OpenAI's client type instead
+_NOT_CLIENT_TYPES = {"server_error", "api_error", "internal_error", "unavailable_error"}
+
+
 def upstream_error(model_id: str, status: int, raw: bytes, *,
                    our_secret: bool = True) -> UpstreamError:
     """Map a worker's error answer into our envelope. What the request got wrong keeps a 4xx
@@ -313,6 +319,8 @@ def upstream_error(model_id: str, status: int, raw: bytes, *,
     secret) keeps its 401/403. ``serve()`` redacts the message (no traceback, path or
     address)."""
     message, code, param = raw.decode(errors="replace")[:500], None, None
+    kind: str | None = None
+    details: dict[str, Any] = {}
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -322,6 +330,10 @@ def upstream_error(model_id: str, status: int, raw: bytes, *,
         message = str(err.get("message") or message)
         code = err.get("code") if isinstance(err.get("code"), str) else None
         param = err.get("param") if isinstance(err.get("param"), str) else None
+        kind = err.get("type") if isinstance(err.get("type"), str) else None
+        # numbers the worker adds (llama.cpp: n_prompt_tokens and n_ctx of a prompt too long)
+        details = {k: v for k, v in err.items() if k not in _ENVELOPE_FIELDS
+                   and isinstance(v, int | float) and not isinstance(v, bool)}
     elif isinstance(err, str):
         message = err
     elif isinstance(data, dict) and data.get("detail"):
@@ -338,8 +350,11 @@ def upstream_error(model_id: str, status: int, raw: bytes, *,
         status, code = 400, code or ("unsupported_request" if status == 501 else None)
     if 400 <= status < 500:
         error = UpstreamError(f"{model_id}: {message}", status_code=status, param=param,
-                              code=code or "invalid_request")
-        error.error_type = "rate_limit_error" if status == 429 else "invalid_request_error"
+                              code=code or _CODES.get(kind or "", "invalid_request"))
+        # the worker's own type where it names one (llama.cpp's exceed_context_size_error)
+        error.error_type = "rate_limit_error" if status == 429 else (
+            kind if kind and kind not in _NOT_CLIENT_TYPES else "invalid_request_error")
+        error.details = details
         return error
     return UpstreamError(f"worker for '{model_id}' answered {status}: {message}")
 

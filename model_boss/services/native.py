@@ -64,6 +64,7 @@ class ApplyTemplateRequest(OpenAIRequest):
 
 NATIVE_BODIES: dict[str, type[OpenAIRequest]] = {
     "/completion": NativeCompletionRequest,
+    "/completions": NativeCompletionRequest,  # llama-server's alias, native shape too
     "/infill": InfillRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
@@ -76,19 +77,25 @@ _PATH_FIELDS = ("model_path",)
 async def worker_props(backend: Any, model_id: str) -> UpstreamResponse:
     """``GET /props`` of a llama.cpp worker, its paths taken out. The data path only POSTs, so
     this reads through the backend's control client (which carries the worker's key)."""
+    reply = await worker_get(backend, model_id, PROPS)
+    return UpstreamResponse(reply.status_code, {"content-type": "application/json"},
+                            body=public_props(reply.content, model_id))
+
+
+async def worker_get(backend: Any, model_id: str, path: str) -> httpx.Response:
+    """A GET of llama.cpp's server's own, through the backend's control client."""
     client: httpx.AsyncClient | None = getattr(backend, "_client", None)
     if not isinstance(client, httpx.AsyncClient):
-        raise BadRequest(f"'{model_id}' is not served by llama.cpp's server: no /props",
+        raise BadRequest(f"'{model_id}' is not served by llama.cpp's server: no {path}",
                          param="model", code="unsupported_endpoint")
     try:
-        reply = await client.get(PROPS)
+        reply = await client.get(path)
     except httpx.HTTPError as exc:
-        raise WorkerCrashed(f"worker for '{model_id}' did not answer /props "
+        raise WorkerCrashed(f"worker for '{model_id}' did not answer {path} "
                             f"({type(exc).__name__})") from exc
     if reply.status_code >= 400:
         raise upstream_error(model_id, reply.status_code, reply.content)
-    return UpstreamResponse(reply.status_code, {"content-type": "application/json"},
-                            body=public_props(reply.content, model_id))
+    return reply
 
 
 def public_props(raw: bytes, model_id: str) -> bytes:

@@ -1,11 +1,13 @@
-"""The ASGI middleware every request passes, outermost first: error answers in the route's
-own envelope (:mod:`.envelopes`), the last-resort 500 and API keys with request metrics
-(:mod:`.auth`, keys in :mod:`.keys`), body limits (:mod:`.limits`) and the early forward of
-a cluster member's requests (:mod:`.early_forward`)."""
+"""The ASGI middleware every request passes, outermost first: CORS (:mod:`.cors`), error
+answers in the route's own envelope (:mod:`.envelopes`), the last-resort 500 and API keys
+with request metrics (:mod:`.auth`, keys in :mod:`.keys`), body limits (:mod:`.limits`) and
+the early forward of a cluster member's requests (:mod:`.early_forward`)."""
 
 from .auth import AuthAndMetrics, InternalErrors
+from .cors import with_cors
 from .early_forward import EarlyForwarding
 from .envelopes import ErrorEnvelope
 from .limits import BodyLimit
 
-__all__ = ["AuthAndMetrics", "BodyLimit", "EarlyForwarding", "ErrorEnvelope", "InternalErrors"]
+__all__ = ["AuthAndMetrics", "BodyLimit", "EarlyForwarding", "ErrorEnvelope", "InternalErrors",
+           "with_cors"]
