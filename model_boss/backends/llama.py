@@ -21,6 +21,7 @@ from ..errors import LoadFailed
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
+from .llama_collect import as_stream, collect, collectable
 from .llama_report import server_report
 
 ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
@@ -81,6 +82,23 @@ class LlamaCppServerBackend(LlamaServerBackend):
         """llama.cpp's server answers ``/v1/messages`` itself, with its own chat template (a
         template rendered here needs the chat translation)."""
         return not self.renders_template()
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        """A non-streamed generation is asked for as a stream and gathered here: llama.cpp's
+        server stops a stream whose caller went away, but not a whole answer
+        (:mod:`.llama_collect`)."""
+        if stream or not collectable(endpoint, body):
+            return await super().handle_request(endpoint, body, stream)
+        upstream = await super().handle_request(endpoint, as_stream(endpoint, body), True)
+        if upstream.stream is None:
+            return upstream
+        if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            # a server that answered whole all the same: its answer as it is
+            return UpstreamResponse(upstream.status, upstream.headers,
+                                    body=b"".join([chunk async for chunk in upstream.stream]))
+        return UpstreamResponse(upstream.status, {"content-type": "application/json"},
+                                body=await collect(endpoint, upstream.stream, self.manifest.id))
     # llama.cpp's server says when it starts on the weights and when they are in (the
     # threadpool comes up right before its warm-up run); its /health says only "Loading
     # model" until the end, so no fraction

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from ...backends.sse import sse_data, sse_events
 from ...errors import ModelBossError
 from ..redact import redacted
 from .translate import message_id, stop_reason, tool_use_id
@@ -42,23 +43,6 @@ def error_event(exc: Exception) -> bytes:
 
 
 PING = event("ping", {})
-
-
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Whole SSE events (each ending in a blank line), however the bytes were cut."""
-    buffer = b""
-    async for chunk in chunks:
-        buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buffer:
-            whole, buffer = buffer.split(b"\n\n", 1)
-            yield whole + b"\n\n"
-    if buffer.strip():
-        yield buffer + b"\n\n"
-
-
-def _data(whole: bytes) -> bytes | None:
-    lines = [line[5:].lstrip() for line in whole.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
 
 
 def message_start(model_id: str) -> bytes:
@@ -137,7 +121,7 @@ async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str) -> Async
     yield PING
     try:
         async for whole in sse_events(chunks):
-            data = _data(whole)
+            data = sse_data(whole)
             if data is None or data == b"[DONE]":
                 continue
             chunk = orjson.loads(data)
