@@ -129,7 +129,7 @@ def test_a_model_warm_on_c_is_served_through_a_streaming(members):
     too_long["messages"][0]["content"] = "x " * 3000  # C's worker refuses it: C's 400 as is
     refused = httpx.post(a.url + "/v1/chat/completions", json=too_long, timeout=60)
     assert refused.status_code == 400, refused.text
-    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.json()["error"]["type"] == "exceed_context_size_error"  # the worker's own
     clients = {c["client_id"]: c for c in c.status()["queue"]["clients"]}
     assert clients["too-long"]["client_errors"] == 1  # refused on C, not on A
 
