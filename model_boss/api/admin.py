@@ -15,8 +15,9 @@ from ..runtime_config import RuntimeValues
 from ..scheduling.waiting import waiting_list
 from ..slots.slot import SlotState
 from .context import coordinator_of
+from .errors import OpenAIError, documented
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
 
 
 @router.get("/health")

@@ -7,7 +7,7 @@ need no particular value."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 from fastapi import APIRouter, Request
@@ -23,7 +23,7 @@ from ..services.anthropic import (
     messages,
 )
 from .context import coordinator_of, disconnect_watch, to_response
-from .errors import error_message
+from .errors import documented, error_message
 
 
 class AnthropicErrorDetail(BaseModel):
@@ -38,13 +38,7 @@ class AnthropicError(BaseModel):
     error: AnthropicErrorDetail
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": AnthropicError, "description": what} for status, what in (
-        (400, "a malformed body (the field is named)"), (401, "a missing or wrong key"),
-        (404, "an unknown model"), (413, "a body over the limit"),
-        (429, "a queue limit; Retry-After says when to come back"),
-        (503, "no capacity in the request's budget; Retry-After"))}
-router = APIRouter(tags=["anthropic"], responses=_ERRORS)
+router = APIRouter(tags=["anthropic"], responses=documented(AnthropicError))
 
 
 def is_anthropic_path(path: str) -> bool:

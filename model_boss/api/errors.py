@@ -9,6 +9,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ModelBossError
@@ -72,3 +73,34 @@ def error_message(raw: bytes) -> str:
     else:
         message = raw.decode(errors="replace").strip()
     return str(message or "request failed")
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error envelope: every route's but Ollama's and Anthropic's."""
+
+    error: OpenAIErrorDetail
+
+
+class OllamaError(BaseModel):
+    """Ollama's error envelope, on ``/api/*`` routes Ollama defines."""
+
+    error: str
+
+
+def documented(model: type[BaseModel]) -> dict[int | str, dict]:
+    """The error answers of a router's routes in its envelope, for ``/openapi.json`` (in
+    place of FastAPI's 422, which model-boss never answers: a malformed body is a 400)."""
+    return {"4XX": {"model": model, "description":
+                    "400 a malformed body (the field named), 401 a missing or wrong key, "
+                    "403 a model the key may not use, 404 an unknown model, 409 a state that "
+                    "forbids it, 413 a body over the limit, 429 a queue limit (Retry-After)"},
+            "5XX": {"model": model, "description":
+                    "502 a worker failed, 503 no capacity within the request's budget "
+                    "(Retry-After), 504 the worker did not answer in time"}}

@@ -13,8 +13,9 @@ from ..jobs import Job
 from ..scheduling.waiting import queue_place
 from ..services import ENDPOINT_BODIES, parse, pop_extensions
 from .context import coordinator_of
+from .errors import OpenAIError, documented
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], responses=documented(OpenAIError))
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                    "/v1/audio/speech", "/v1/images/generations"]

@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 
 from ..errors import LeaseNotFound, LeaseUnavailable
 from ..gpu import GPUBoss, Lease
+from .errors import OpenAIError, documented
 
-router = APIRouter()
+router = APIRouter(responses=documented(OpenAIError))
 
 
 class LeaseTerms(BaseModel):

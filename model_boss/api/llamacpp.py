@@ -14,9 +14,10 @@ from ..services.native import NATIVE_BODIES, PROPS
 from ..services.schemas import OpenAIRequest
 from ..services.worker_slots import SLOTS, worker_slots
 from .context import coordinator_of, disconnect_watch, to_response
+from .errors import OpenAIError, documented
 from .openai import serve_body
 
-router = APIRouter(tags=["llama.cpp"])
+router = APIRouter(tags=["llama.cpp"], responses=documented(OpenAIError))
 
 
 def _native_route(endpoint: str, body_type: type[OpenAIRequest]) -> None:

@@ -21,9 +21,9 @@ from ..services.ollama.schemas import (
     OllamaShowRequest,
 )
 from .context import coordinator_of, disconnect_watch, to_response
-from .errors import error_message
+from .errors import OllamaError, documented, error_message
 
-router = APIRouter(tags=["ollama"])
+router = APIRouter(tags=["ollama"], responses=documented(OllamaError))
 DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
 OLLAMA_PATHS = DATA_PATHS | {"/api/version", "/api/tags", "/api/ps", "/api/show",
                              *service.MANIFEST_ONLY}

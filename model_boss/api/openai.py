@@ -27,8 +27,9 @@ from ..services.redact import redact
 from ..services.schemas import OpenAIRequest
 from ..slots.slot import SlotState
 from .context import coordinator_of, disconnect_watch, to_response
+from .errors import OpenAIError, documented
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], responses=documented(OpenAIError))
 
 
 @router.get("/v1/models")

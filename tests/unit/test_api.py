@@ -286,6 +286,27 @@ async def test_openapi_documents_every_body(api):
     assert {"messages", "model", "n", "x_client_id", "x_priority"} <= set(chat["properties"])
 
 
+async def test_openapi_documents_each_api_in_its_own_error_envelope(api):
+    """Ollama's routes answer {"error": "..."}, Anthropic's its own, the rest OpenAI's; a
+    malformed body is a 400 there, never the 422 FastAPI would document."""
+    client, _ = api
+    spec = (await client.get("/openapi.json", headers=USER)).json()
+
+    def error_schema(method: str, path: str) -> str:
+        responses = spec["paths"][path][method]["responses"]
+        assert "422" not in responses, (method, path)
+        return responses["4XX"]["content"]["application/json"]["schema"]["$ref"].rsplit("/")[-1]
+
+    assert error_schema("post", "/api/chat") == "OllamaError"
+    assert spec["components"]["schemas"]["OllamaError"]["properties"]["error"]["type"] == \
+        "string"
+    assert error_schema("post", "/v1/messages") == "AnthropicError"
+    assert error_schema("post", "/v1/chat/completions") == "OpenAIError"
+    assert error_schema("post", "/completion") == "OpenAIError"
+    assert error_schema("post", "/api/v1/leases") == "OpenAIError"
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
 def test_create_app_reads_the_config_file_named_by_the_environment(tmp_path, monkeypatch):
     (tmp_path / "m.yaml").write_text(yaml.safe_dump([{"id": "from-file", "path": "w.gguf",
                                                        "vram_mb": 100}]))
