@@ -89,7 +89,8 @@ async def embeddings(request: Request, body: OllamaEmbeddingsRequest) -> dict[st
 @router.api_route("/api/push", methods=["POST"])
 @router.api_route("/api/create", methods=["POST"])
 @router.api_route("/api/copy", methods=["POST"])
-@router.api_route("/api/delete", methods=["DELETE", "POST"])
+@router.api_route("/api/delete", methods=["DELETE"])
+@router.api_route("/api/delete", methods=["POST"])
 @router.api_route("/api/blobs/{digest}", methods=["HEAD", "POST"], include_in_schema=False)
 async def manifest_only(request: Request) -> Response:
     """Models are not pulled, pushed, created, copied or deleted here: they are manifests."""
