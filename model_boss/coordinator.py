@@ -15,7 +15,7 @@ import psutil
 
 from .backends.process import reap_orphans
 from .backends.spare import DIFFUSERS
-from .catalog import BackendKind, Catalog, load_manifests
+from .catalog import BackendKind, build_catalog
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
@@ -24,6 +24,7 @@ from .gpu.lease import LeaseStore
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner
+from .live_catalog import LiveCatalog
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
@@ -56,7 +57,7 @@ class Coordinator:
         self.metrics = Metrics()
         self.events.listen(self.metrics.on_event)
         self.started_at = time.time()
-        self.catalog = Catalog(load_manifests(settings.manifests), settings.models_path)
+        self.catalog = build_catalog(settings)
         self.nvml = open_nvml() if settings.use_nvml else None
         self.gpus = discover_gpus(settings.gpus, self.nvml)
         self.store = self._make_store()
@@ -73,6 +74,7 @@ class Coordinator:
             state_file=settings.state_path / "runtime_config.json",
             redis_url=settings.redis_url)
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
+        self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events)
         for position, model in enumerate(settings.preload):
             if model not in self.catalog:
                 raise ConfigError(f"settings: preload.{position}: unknown model '{model}'")
@@ -152,6 +154,7 @@ class Coordinator:
         if self.cluster is not None:
             await self.cluster.start()
         await self.jobs.start()
+        self.live.start()
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],
                          models=len(self.catalog))
 
@@ -202,7 +205,17 @@ class Coordinator:
         self.pool.spawn(self.pool.ensure_ready(model_id, self.settings.default_priority)
                         ).add_done_callback(done)
 
+    async def reload(self, trigger: str = "api") -> dict:
+        """Read manifests, tasks and the models folder again (see :class:`LiveCatalog`); new
+        models' estimates are read off the event loop."""
+        answer = await self.live.reload(trigger)
+        if answer["added"] or answer["changed"]:
+            self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
+                                                   name="metadata"))
+        return answer
+
     async def stop(self) -> None:
+        await self.live.stop()
         if self.cluster is not None:  # the others stop sending work here first
             await self.cluster.stop()
         await self.jobs.shutdown()
@@ -254,6 +267,7 @@ class Coordinator:
             "client_profiles": {name: profile.model_dump(exclude_none=True)
                                 for name, profile in self.settings.clients.items()},
             "offloaded_mb": self.pool.offloaded_mb(),
+            "catalog": self.live.status(),
             "leases": [lease.to_dict() for lease in leases],
             "models": await self.model_views(queue["waiting"]),
         }
@@ -269,6 +283,7 @@ class Coordinator:
         return [
             {"id": e.manifest.id, "aliases": list(e.manifest.aliases),
              "category": str(e.manifest.category), "backend": str(e.manifest.backend),
+             "source": e.manifest.source,
              "parallel": e.manifest.concurrency, "pin": e.manifest.pin,
              "available": e.available, "unavailable_reason": e.unavailable_reason,
              "queued": queued.get(e.manifest.id, 0),

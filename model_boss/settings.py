@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         default_factory=lambda: [Path("manifests")])
     tasks_file: Path | None = Path("tasks.yaml")
     models_dir: Path = Path("~/.cache/model-boss/models")
+    # every model file under models_dir is served without a manifest (docs/MODELS.md)
+    discover: bool = True
+    default_ctx_size: int = Field(default=4096, ge=64)  # a discovered GGUF's served context
+    # manifests, tasks_file and models_dir are watched; a change reloads the catalog
+    watch: bool = True
+    watch_debounce_ms: int = Field(default=800, ge=50)
     state_dir: Path = Path("~/.local/state/model-boss")
     gpus: list[DeclaredGPU] = Field(default_factory=list)
     use_nvml: bool = True

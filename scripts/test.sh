@@ -2,7 +2,8 @@
 # Install what is needed and run the whole test suite (pytest arguments pass through,
 # e.g. scripts/test.sh -m "not slow" for the fast part only, or -n 0 for one process).
 # Test files run in parallel on MODEL_BOSS_TEST_WORKERS processes (default 2; pytest-xdist,
-# one file per process at a time so module-scoped coordinators stay whole).
+# one file per process at a time so module-scoped coordinators stay whole; the longest
+# files first: tests/conftest.py LONGEST_FIRST).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes (coordinators, workers, clients). With
@@ -16,4 +17,5 @@ if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
        "will be SKIPPED. Install it with: apt-get install chromium" >&2
 fi
-exec .venv/bin/python -m pytest -n "${MODEL_BOSS_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${MODEL_BOSS_TEST_WORKERS:-2}" --dist loadfile \
+  --no-loadscope-reorder "$@"

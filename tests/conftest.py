@@ -58,7 +58,9 @@ class ServerProcess:
             (manifest_dir / f"{manifest['id']}.yaml").write_text(yaml.safe_dump(manifest))
         settings = {
             "host": "127.0.0.1", "port": self.port, "manifests": [str(manifest_dir)],
-            "tasks_file": None, "models_dir": str(MODELS_DIR),
+            # the shared models folder holds the demo file: discovery is on where a test
+            # gives a folder of its own
+            "tasks_file": None, "models_dir": str(MODELS_DIR), "discover": False,
             "state_dir": str(workdir / "state"), "use_nvml": False,
             **self.TUNING, **config,
         }
@@ -273,8 +275,29 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# The files that take longest (seconds of one test process, measured with --durations=0),
+# run first: with two processes taking whole files, a long file taken last would leave the
+# other process idle for its length. scripts/test.sh turns off xdist's own order (by test
+# count, which put the 40-second fuzz test, one test, last).
+LONGEST_FIRST = ("e2e/test_cluster_e2e.py", "e2e/test_diffusion.py",
+                 "e2e/test_diffusers_worker.py", "unit/test_fuzz_api.py", "e2e/test_stress.py",
+                 "e2e/test_llama_eviction.py", "e2e/test_openai_fidelity.py",
+                 "e2e/test_ollama_api.py", "e2e/test_dashboard.py",
+                 "e2e/test_scheduling_e2e.py", "e2e/test_command_backend.py",
+                 "e2e/test_llama_workers.py", "e2e/test_llama_chat.py",
+                 "e2e/test_worker_kills.py", "e2e/test_redis_restart_e2e.py",
+                 "e2e/test_redis_e2e.py", "e2e/test_spare_worker.py")
+
+
+def _file_rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA; without it they are skipped, and say why."""
+    """Longest files first (see LONGEST_FIRST). Tests marked ``gpu`` need CUDA; without it
+    they are skipped, and say why."""
+    items.sort(key=_file_rank)  # stable: within a file, and among the rest, the order stays
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")

@@ -45,7 +45,8 @@ async def models(request: Request) -> dict[str, Any]:
     coord = coordinator_of(request)
     slots = {slot["model"]: slot for slot in coord.pool.status()}
     return {"models": [
-        {"id": e.manifest.id, "aliases": list(e.manifest.aliases), "available": e.available,
+        {"id": e.manifest.id, "aliases": list(e.manifest.aliases), "source": e.manifest.source,
+         "path": str(e.path) if e.path else None, "available": e.available,
          "unavailable_reason": e.unavailable_reason, "slot": slots.get(e.manifest.id)}
         for e in coord.catalog]}
 
@@ -163,6 +164,13 @@ async def put_config(request: Request, patch: RuntimeValues) -> dict[str, Any]:
     values = await coord.runtime.update(patch.model_dump(by_alias=True, exclude_unset=True))
     coord.events.emit("config_changed", **values)
     return values
+
+
+@router.post("/api/v1/reload")
+async def reload_catalog(request: Request) -> dict[str, Any]:
+    """Read the manifests, the tasks file and the models folder again; no restart. A file
+    that fails to parse changes nothing: ``errors`` names it (and the field)."""
+    return await coordinator_of(request).reload("api")
 
 
 @router.get("/api/v1/tasks")

@@ -43,7 +43,7 @@ async def list_models(request: Request) -> dict[str, Any]:
         data.append({
             "id": m.id, "object": "model", "created": int(coord.started_at),
             "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
-            "backend": str(m.backend), "available": entry.available,
+            "backend": str(m.backend), "source": m.source, "available": entry.available,
             "unavailable_reason": redact(entry.unavailable_reason)
             if entry.unavailable_reason else None,
             "state": str(slot.state) if slot else str(SlotState.IDLE),

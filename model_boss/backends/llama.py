@@ -133,6 +133,8 @@ class LlamaCppServerBackend(LlamaServerBackend):
         if m.cache_type_v != "f16":
             flags += ["--cache-type-v", m.cache_type_v]
         flags += self.template_flags()
+        if m.mmproj:  # relative: beside the model file
+            flags += ["--mmproj", str(Path(self.entry.path or ".").parent / m.mmproj)]
         if m.embeddings:
             flags.append("--embeddings")
         if m.pooling:

@@ -1,13 +1,17 @@
 """What can be served: model manifests and the catalog built from them."""
 
+from .build import CatalogDiff, build_catalog, diff_catalogs
 from .catalog import Catalog, CatalogEntry
 from .manifest import BackendKind, Category, ModelManifest, load_manifests, parse_manifest_text
 
 __all__ = [
     "BackendKind",
     "Catalog",
+    "CatalogDiff",
     "CatalogEntry",
     "Category",
+    "build_catalog",
+    "diff_catalogs",
     "ModelManifest",
     "load_manifests",
     "parse_manifest_text",

@@ -33,8 +33,13 @@ class Catalog:
             for name in manifest.names:
                 self._names[name] = manifest.id
 
+    def adopt(self, other: Catalog) -> None:
+        """Take ``other``'s models in one step (a reload): whoever holds this catalog sees the
+        new one whole. Readers in threads iterate the old mapping, never a changing one."""
+        self._entries, self._names = other._entries, other._names
+
     def __iter__(self):
-        return iter(self._entries.values())
+        return iter(list(self._entries.values()))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,6 +71,8 @@ class Catalog:
 
 
 def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | None:
+    if manifest.problem:
+        return manifest.problem
     if manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS):
         if path is None:
             return "manifest has no path"

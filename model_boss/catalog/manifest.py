@@ -96,8 +96,12 @@ class ModelManifest(BaseModel):
     remote_model: str | None = None
     command: list[str] = Field(default_factory=list)
     health_path: str = "/health"
+    mmproj: str | None = None  # llama-server --mmproj: a vision projector GGUF
     # filled in by the loader, never from YAML
     source_file: str | None = Field(default=None, exclude=True)
+    source: Literal["manifest", "discovered", "pulled"] = Field(default="manifest",
+                                                                exclude=True)
+    problem: str | None = Field(default=None, exclude=True)  # why it cannot be served
 
     @field_validator("gpu_layers")
     @classmethod
@@ -161,6 +165,9 @@ class ModelManifest(BaseModel):
         return [self.id, *self.aliases]
 
 
+INTERNAL_FIELDS = {"source_file", "source", "problem"}
+
+
 def _manifest_files(sources: list[Path]) -> list[Path]:
     files: list[Path] = []
     for source in sources:
@@ -190,6 +197,8 @@ def parse_manifest_text(text: str, source: str = "<string>") -> list[ModelManife
         where = source if len(entries) == 1 else f"{source} [model {position}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+        for key in INTERNAL_FIELDS & entry.keys():
+            raise ConfigError(f"{where}: {key}: set by model-boss, not by a manifest")
         try:
             manifest = ModelManifest.model_validate(entry)
         except ValidationError as exc:

@@ -89,6 +89,10 @@ class TaskRegistry:
             return cls.empty()
         return cls.from_mapping(read_yaml_mapping(path), catalog, str(path))
 
+    def adopt(self, other: TaskRegistry) -> None:
+        """Take ``other``'s tasks in one step (a reload)."""
+        self.tasks, self.default_task = other.tasks, other.default_task
+
     def get(self, name: str) -> TaskSpec:
         spec = self.tasks.get(name)
         if spec is None:

@@ -9,12 +9,13 @@ import json
 import logging
 import os
 import re
-import struct
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from ..catalog.gguf_header import HeaderReader
 
 log = logging.getLogger(__name__)
 
@@ -57,58 +58,14 @@ class GGUFInfo:
         return UBATCH * per_token + FIXED_COMPUTE_MB * 2**20
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-class _Header:
-    """A streaming reader of the GGUF header: metadata and tensor infos, no tensor data.
-
-    ``gguf.GGUFReader`` parses every array into numpy (seconds for a large vocabulary);
-    this reads only what the estimate needs and skips the rest, using the ``gguf`` package's
-    own type tables for tensor sizes."""
-
-    def __init__(self, handle) -> None:
-        self.handle = handle
-
-    def unpack(self, fmt: str):
-        size = struct.calcsize(fmt)
-        return struct.unpack(fmt, self.handle.read(size))[0]
-
-    def string(self) -> str:
-        return self.handle.read(self.unpack("<Q")).decode(errors="replace")
-
-    def value(self, kind: int, keep: bool = True):
-        if kind in _SCALARS:
-            return self.unpack(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            inner, count = self.unpack("<I"), self.unpack("<Q")
-            if inner in _SCALARS:
-                self.handle.seek(count * struct.calcsize(_SCALARS[inner]), 1)
-            else:
-                for _ in range(count):
-                    self.value(inner, keep=False)
-            return count  # arrays: only their length is kept
-        raise ValueError(f"unknown GGUF value type {kind}")
-
-
 @lru_cache(maxsize=64)
 def _read(path: str, _mtime: float) -> GGUFInfo:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    with open(path, "rb") as handle:
-        header = _Header(handle)
-        if handle.read(4) != b"GGUF":
-            raise ValueError("not a GGUF file")
-        header.unpack("<I")  # version
-        tensors, kvs = header.unpack("<Q"), header.unpack("<Q")
-        meta = {}
-        for _ in range(kvs):
-            key = header.string()
-            meta[key] = header.value(header.unpack("<I"))
+    with open(path, "rb", buffering=64 * 1024) as handle:
+        header = HeaderReader(handle)
+        tensors, kvs = header.begin()
+        meta = header.metadata(kvs)
         arch = meta.get("general.architecture", "llama")
         blocks = int(meta.get(f"{arch}.block_count", 0))
         per_block = [0] * blocks

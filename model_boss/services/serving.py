@@ -24,6 +24,7 @@ from ..errors import (
     CapacityExceeded,
     LoadFailed,
     ModelBossError,
+    ModelNotFound,
     ModelUnavailable,
     WorkerCrashed,
 )
@@ -102,7 +103,12 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             raise BudgetExceeded(f"budget of {budget_s:g}s ran out after trying "
                                  f"{', '.join(plan.candidates[:position])}",
                                  retry_after_s=max(1.0, budget_s))
-        manifest = coord.catalog.get(model_id).manifest
+        found = coord.catalog.find(model_id)
+        if found is None:  # removed by a reload since the route was chosen: the next rung
+            last_error = ModelNotFound(f"The model '{model_id}' does not exist",
+                                       param="model")
+            continue
+        manifest = found.manifest
         too_many = _too_many_choices(manifest, endpoint, body)
         if too_many is not None:  # a rung that cannot give what was asked is passed over
             last_error = too_many

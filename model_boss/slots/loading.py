@@ -44,6 +44,7 @@ class SlotLoad:
         try:
             self.progress.report("leasing")
             entry = self.owner.pool.catalog.get_available(self.owner.model_id)
+            s.entry = entry  # a reload's new manifest applies from this load on
             s.estimate = self.owner.pool.estimate(entry)
             lease, placement = await self.owner.pool.make_room(self.owner, priority)
             if s.state == S.OFFLOADED and not _sees(s.worker_gpus, placement):

@@ -92,6 +92,15 @@ class ModelSlot:
 
     # -- eviction metadata ----------------------------------------------------------------
 
+    def adopt(self, entry: CatalogEntry, stay_warm_s: float) -> None:
+        """The catalog's new entry for this model (a reload): its pin, stay-warm, priority and
+        limits apply now; what the worker runs with applies at its next load."""
+        if entry.manifest.pin != self.entry.manifest.pin:
+            self.pinned = entry.manifest.pin
+        self.entry = entry
+        self.stay_warm_s = stay_warm_s
+        self.refresh_unload_at()
+
     def touch(self, priority: int, now: float | None = None) -> None:
         now = now if now is not None else time.time()
         self.last_used = now

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -262,9 +263,12 @@ def test_a_member_killed_mid_job(members, redis_server):
     """The job C took (m1 is warm there) completes on another member, once; C's leases
     expire with it; m1 is served elsewhere after a reload."""
     a, c = members["a"], members["c"]
-    # m1 warm on C alone, in the submitting member's view: else another member may take it
-    wait_for(lambda: where(a, "m1") == {"c": "ready"}, timeout=10,
-             what=lambda: cluster(a)["models"])
+    # m1 warm on C alone in every member's view (any member reads the job streams, and one
+    # that has not yet seen m1 warm on C reads m1's too), and each member's blocking read of
+    # the streams, begun before it saw that, over (it lasts one heartbeat)
+    wait_for(lambda: all(where(m, "m1") == {"c": "ready"} for m in members.values()),
+             timeout=10, what=lambda: {h: cluster(m)["models"] for h, m in members.items()})
+    time.sleep(2 * HEARTBEAT_S)
     # long enough that C cannot finish it between being seen running and being killed
     body = chat("m1", max_tokens=200, ignore_eos=True)
     submitted = httpx.post(a.url + "/api/v1/jobs", timeout=10,

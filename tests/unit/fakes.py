@@ -80,6 +80,7 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
     manifest_file.write_text(yaml.safe_dump(manifests))
     kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
     config = Settings(manifests=[manifest_file], tasks_file=None, state_dir=tmp_path / "state",
+                      models_dir=tmp_path / "models",
                       gpus=gpus or [{"index": 0, "name": "sim", "vram_mb": 4096}],
                       use_nvml=False,
                       **{"reclaim_sleep_s": 0, "spare_workers": False, **settings})

@@ -83,7 +83,7 @@ def tag(entry: CatalogEntry) -> dict[str, Any]:
     m = entry.manifest
     return {"name": m.id, "model": m.id, "modified_at": created_at(mtime), "size": size,
             "digest": digest(entry), "details": details(entry), "aliases": list(m.aliases),
-            "available": entry.available}
+            "available": entry.available, "source": m.source}
 
 
 def tags(coord: Coordinator) -> dict[str, Any]:
@@ -110,7 +110,9 @@ def ps(coord: Coordinator) -> dict[str, Any]:
     for slot in coord.pool.status():
         if slot["state"] in ("idle", "stopping"):
             continue
-        entry = coord.catalog.get(slot["model"])
+        entry = coord.catalog.find(slot["model"])
+        if entry is None:  # removed by a reload; its worker is draining
+            continue
         split = slot.get("processor") or {}
         models.append({**tag(entry), "size": int(split.get("size_mb", 0)) * MIB,
                        "size_vram": int(split.get("vram_mb", 0)) * MIB,

@@ -1,0 +1,215 @@
+"""Discovery and the catalog's reload diff, on files written here: real GGUF headers (the
+``gguf`` package's writer), split parts, projectors, pipelines, manifests overlaying files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from model_boss.catalog import Catalog, build_catalog, diff_catalogs
+from model_boss.catalog.discovery import PULLS_FILE, scan
+from model_boss.catalog.gguf_header import read_metadata
+from model_boss.settings import Settings
+
+
+def write_gguf(path: Path, arch: str = "llama", context: int = 8192,
+               pooling: int | None = None, vocab: int = 50) -> Path:
+    """A small real GGUF: the model's keys, a vocabulary after them, one tensor."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(context)
+    writer.add_block_count(1)
+    if pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling))
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_chat_template("{{ messages }}")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def settings(tmp_path: Path, **extra) -> Settings:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir(exist_ok=True)
+    return Settings(manifests=[manifests], models_dir=tmp_path / "models", tasks_file=None,
+                    state_dir=tmp_path / "state", **extra)
+
+
+def models(tmp_path: Path, **extra) -> dict:
+    return {e.manifest.id: e for e in build_catalog(settings(tmp_path, **extra))}
+
+
+def test_the_header_reader_stops_before_the_vocabulary_and_reads_it_all_when_asked(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", vocab=20_000)
+    quick = read_metadata(path)
+    assert quick["llama.context_length"] == 8192
+    assert "tokenizer.ggml.tokens" not in quick
+    full = read_metadata(path, stop_at_vocabulary=False)
+    assert full["tokenizer.ggml.tokens"] == 20_000  # arrays: their length
+    assert full["tokenizer.chat_template"] == "{{ messages }}"
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    (["Qwen3-8B-Q4_K_M.gguf"], {"qwen3-8b-q4_k_m": "Qwen3-8B-Q4_K_M.gguf"}),
+    (["big-00001-of-00003.gguf", "big-00002-of-00003.gguf", "big-00003-of-00003.gguf"],
+     {"big": "big-00001-of-00003.gguf"}),
+    (["a/m.gguf", "b/m.gguf"], {"m": "a/m.gguf", "b/m": "b/m.gguf"}),
+    (["m.gguf", "mmproj-m-f16.gguf"], {"m": "m.gguf"}),
+    (["m.gguf.partial", ".hidden.gguf", "notes.txt", "m2.GGUF"], {"m2": "m2.GGUF"}),
+    (["1/2/3/4/deep.gguf", "1/2/3/4/5/too-deep.gguf"], {"deep": "1/2/3/4/deep.gguf"}),
+])
+def test_scan_names_files_as_models(tmp_path, files, expected):
+    root = tmp_path / "models"
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"GGUF")
+    found = {f.id: f.path.relative_to(root).as_posix() for f in scan(root)}
+    assert found == expected
+
+
+def test_a_projector_pairs_with_every_model_in_its_folder(tmp_path):
+    root = tmp_path / "models"
+    for name in ("vis/m-q4.gguf", "vis/m-q8.gguf", "vis/mmproj-f16.gguf", "other.gguf"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"GGUF")
+    projectors = {f.id: f.mmproj.name if f.mmproj else None for f in scan(root)}
+    assert projectors == {"m-q4": "mmproj-f16.gguf", "m-q8": "mmproj-f16.gguf",
+                          "other": None}
+
+
+def test_a_diffusers_folder_is_one_model_and_is_not_entered(tmp_path):
+    root = tmp_path / "models"
+    (root / "Tiny-SD" / "unet").mkdir(parents=True)
+    (root / "Tiny-SD" / "model_index.json").write_text("{}")
+    (root / "Tiny-SD" / "unet" / "stray.gguf").write_bytes(b"GGUF")
+    found = scan(root)
+    assert [(f.id, f.kind) for f in found] == [("tiny-sd", "diffusers")]
+
+
+@pytest.mark.parametrize(("arch", "pooling", "category", "embeddings", "reranking"), [
+    ("llama", None, "llm", False, False),
+    ("bert", 2, "embedding", True, False),      # cls
+    ("bert", None, "embedding", True, False),   # an encoder without a declared pooling
+    ("qwen3", 3, "embedding", True, False),     # last-token pooling: an embedder
+    ("bert", 4, "embedding", False, True),      # rank: a reranker
+    ("qwen3", 0, "llm", False, False),          # pooling none
+])
+def test_the_header_says_what_routes_a_file_answers(tmp_path, arch, pooling, category,
+                                                    embeddings, reranking):
+    write_gguf(tmp_path / "models" / "m.gguf", arch=arch, pooling=pooling)
+    manifest = models(tmp_path)["m"].manifest
+    assert (str(manifest.category), manifest.embeddings, manifest.reranking) == \
+        (category, embeddings, reranking)
+
+
+@pytest.mark.parametrize(("trained", "default", "served"),
+                         [(8192, 4096, 4096), (2048, 4096, 2048), (0, 4096, 4096)])
+def test_served_context_is_the_smaller_of_trained_and_default(tmp_path, trained, default,
+                                                              served):
+    write_gguf(tmp_path / "models" / "m.gguf", context=trained)
+    assert models(tmp_path, default_ctx_size=default)["m"].manifest.ctx_size == served
+
+
+def test_an_unreadable_file_is_listed_unavailable_saying_why(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x01")
+    entry = models(tmp_path)["cut"]
+    assert not entry.available
+    assert "cannot read the GGUF header" in entry.unavailable_reason
+
+
+def test_a_manifest_naming_a_file_overrides_it_field_by_field(tmp_path):
+    write_gguf(tmp_path / "models" / "emb.gguf", arch="bert", pooling=1, context=512)
+    write_gguf(tmp_path / "models" / "free.gguf")
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "e.yaml").write_text(
+        "id: my-embedder\npath: emb.gguf\npriority: 9\naliases: [e]\n")
+    found = models(tmp_path)
+    assert sorted(found) == ["free", "my-embedder"]
+    merged = found["my-embedder"].manifest
+    assert (merged.source, merged.priority, merged.aliases) == ("manifest", 9, ["e"])
+    # what the manifest does not say comes from the file
+    assert (str(merged.category), merged.embeddings, merged.ctx_size) == ("embedding", True,
+                                                                          512)
+    assert found["free"].manifest.source == "discovered"
+
+
+def test_a_discovered_name_a_manifest_uses_is_left_out(tmp_path):
+    write_gguf(tmp_path / "models" / "chat.gguf")
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "c.yaml").write_text(
+        "id: other\naliases: [chat]\nbackend: command\ncommand: [x]\n")
+    assert sorted(models(tmp_path)) == ["other"]
+
+
+def test_pulled_files_say_so(tmp_path):
+    write_gguf(tmp_path / "models" / "hub" / "p.gguf")
+    (tmp_path / "models" / PULLS_FILE).write_text(json.dumps(
+        {"hub/p.gguf": {"source": "hf://org/repo/p.gguf"}}))
+    assert models(tmp_path)["p"].manifest.source == "pulled"
+
+
+def test_discovery_can_be_turned_off(tmp_path):
+    write_gguf(tmp_path / "models" / "m.gguf")
+    assert models(tmp_path, discover=False) == {}
+
+
+def test_manifest_files_cannot_set_what_the_loader_fills_in(tmp_path):
+    from model_boss.errors import ConfigError
+
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "x.yaml").write_text("id: x\nsource: pulled\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: source: set by model-boss"):
+        models(tmp_path)
+
+
+def catalog_of(tmp_path: Path) -> Catalog:
+    return build_catalog(settings(tmp_path))
+
+
+def test_the_diff_tells_added_changed_removed_and_which_changes_restart(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    for name in ("keep", "soft", "hard", "gone"):
+        (tmp_path / "manifests" / f"{name}.yaml").write_text(
+            f"id: {name}\nbackend: command\ncommand: [run]\n")
+    before = catalog_of(tmp_path)
+    (tmp_path / "manifests" / "gone.yaml").unlink()
+    (tmp_path / "manifests" / "soft.yaml").write_text(
+        "id: soft\nbackend: command\ncommand: [run]\npriority: 7\naliases: [s]\n")
+    (tmp_path / "manifests" / "hard.yaml").write_text(
+        "id: hard\nbackend: command\ncommand: [run, --fast]\n")
+    (tmp_path / "manifests" / "new.yaml").write_text("id: new\nbackend: command\ncommand: [r]\n")
+    diff = diff_catalogs(before, catalog_of(tmp_path))
+    assert diff.to_dict() == {"added": ["new"], "changed": ["hard", "soft"],
+                              "removed": ["gone"]}
+    assert diff.restart == ["hard"]
+    assert not diff_catalogs(before, before)
+
+
+def test_adopting_swaps_the_whole_catalog_for_every_holder(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "a.yaml").write_text("id: a\nbackend: command\ncommand: [r]\n")
+    held = catalog_of(tmp_path)
+    listing = iter(held)
+    (tmp_path / "manifests" / "a.yaml").unlink()
+    (tmp_path / "manifests" / "b.yaml").write_text("id: b\nbackend: command\ncommand: [r]\n")
+    held.adopt(catalog_of(tmp_path))
+    assert [e.manifest.id for e in listing] == ["a"]  # an iteration begun before goes on
+    assert [e.manifest.id for e in held] == ["b"] and "a" not in held
+
+
+def test_two_hundred_files_are_two_hundred_models(tmp_path):
+    source = write_gguf(tmp_path / "one.gguf", vocab=50_000)
+    (tmp_path / "models").mkdir()
+    for i in range(200):
+        (tmp_path / "models" / f"m{i:03}.gguf").symlink_to(source)
+    found = models(tmp_path)  # how long it takes: benchmarks/discovery_startup.py
+    assert sorted(found) == [f"m{i:03}" for i in range(200)]
+    assert all(e.available and e.manifest.ctx_size == 4096 for e in found.values())
