@@ -1,4 +1,5 @@
-"""``model-boss serve | ps | load | unload | pin | unpin | config | leases | simulate``."""
+"""``model-boss serve | ps | load | unload | pin | unpin | pull | rm | reload | config | leases |
+simulate``."""
 
 from __future__ import annotations
 
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="the full status document as JSON")
     for name in ("load", "unload", "pin", "unpin"):
         sub.add_parser(name, help=f"{name} a model").add_argument("model")
+    sub.add_parser("pull", help="fetch a GGUF from the Hugging Face Hub into the models "
+                   "folder: hf://ORG/REPO/FILE.gguf or hf://ORG/REPO:QUANT").add_argument(
+        "source")
+    sub.add_parser("rm", help="delete a discovered or pulled model's files").add_argument(
+        "model")
+    sub.add_parser("reload", help="read manifests, tasks and the models folder again")
     config = sub.add_parser("config", help="show or change runtime config")
     config.add_argument("assignments", nargs="*", help="key=value (true/false/numbers)")
     leases = sub.add_parser("leases", help="list, take or release GPU leases")
@@ -132,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         return simulate_cli.run(args)
     if args.command in ("load", "unload", "pin", "unpin"):
         return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
+    if args.command == "pull":
+        from .cli_pull import pull
+
+        return pull(_url(args), _headers(), args.source, args.timeout)
+    if args.command == "rm":
+        return _call("DELETE", args, f"/api/v1/models/{args.model}")
+    if args.command == "reload":
+        return _call("POST", args, "/api/v1/reload")
     if args.command == "config":
         if not args.assignments:
             return _call("GET", args, "/api/v1/config")

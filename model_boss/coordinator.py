@@ -26,6 +26,7 @@ from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner
 from .live_catalog import LiveCatalog
 from .metrics import Metrics
+from .pulls import Pulls
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
@@ -75,6 +76,7 @@ class Coordinator:
             redis_url=settings.redis_url)
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
         self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events)
+        self.pulls = Pulls(settings, self.catalog, self.pool, self.events, self.reload)
         for position, model in enumerate(settings.preload):
             if model not in self.catalog:
                 raise ConfigError(f"settings: preload.{position}: unknown model '{model}'")
@@ -268,6 +270,7 @@ class Coordinator:
                                 for name, profile in self.settings.clients.items()},
             "offloaded_mb": self.pool.offloaded_mb(),
             "catalog": self.live.status(),
+            "pulls": self.pulls.status(),
             "leases": [lease.to_dict() for lease in leases],
             "models": await self.model_views(queue["waiting"]),
         }

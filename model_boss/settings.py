@@ -84,6 +84,7 @@ class Settings(BaseSettings):
     # manifests, tasks_file and models_dir are watched; a change reloads the catalog
     watch: bool = True
     watch_debounce_ms: int = Field(default=800, ge=50)
+    hf_endpoint: str = ""  # the hub model-boss pull uses; default: HF_ENDPOINT, else the hub
     state_dir: Path = Path("~/.local/state/model-boss")
     gpus: list[DeclaredGPU] = Field(default_factory=list)
     use_nvml: bool = True

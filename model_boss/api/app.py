@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from ..coordinator import Coordinator
 from ..services import run_job
 from ..settings import Settings, load_settings
-from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai
+from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai, pulls
 from .errors import install_error_handlers
 from .middleware import (
     AuthAndMetrics,
@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
-    for module in (openai, anthropic, llamacpp, ollama, admin, jobs, leases, dashboard):
+    for module in (openai, anthropic, llamacpp, ollama, admin, pulls, jobs, leases,
+                   dashboard):
         app.include_router(module.router)
     return app

@@ -8,25 +8,29 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest
-from ..services.ollama import service
+from ..services.ollama import pulls, service
 from ..services.ollama.models import ps, show, tags
 from ..services.ollama.schemas import (
     OllamaChatRequest,
+    OllamaDeleteRequest,
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,
     OllamaGenerateRequest,
+    OllamaPullRequest,
     OllamaShowRequest,
 )
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OllamaError, documented, error_message
+from .pulls import ndjson
 
 router = APIRouter(tags=["ollama"], responses=documented(OllamaError))
 DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
 OLLAMA_PATHS = DATA_PATHS | {"/api/version", "/api/tags", "/api/ps", "/api/show",
-                             *service.MANIFEST_ONLY}
+                             "/api/pull", "/api/delete", *service.MANIFEST_ONLY}
+ADMIN_PATHS = frozenset({"/api/pull", "/api/delete"})  # Ollama's routes that need the admin key
 
 
 def is_ollama_path(path: str) -> bool:
@@ -85,15 +89,35 @@ async def embeddings(request: Request, body: OllamaEmbeddingsRequest) -> dict[st
         return await service.embed(coordinator_of(request), body, request.headers, gone)
 
 
-@router.api_route("/api/pull", methods=["POST"])
+@router.post("/api/pull")
+async def pull(request: Request, body: OllamaPullRequest) -> Any:
+    """A hub GGUF (``hf.co/ORG/REPO:QUANT``) into the models folder, with Ollama's progress
+    lines; a model already served answers success at once. Admin key."""
+    coord = coordinator_of(request)
+    name = pulls.check(coord, body.wanted)
+    lines = pulls.pull_lines(coord, name)
+    if not body.stream:
+        return [line async for line in lines][-1]
+    return StreamingResponse(ndjson(lines, on_error=lambda exc: {"error": exc.message}),
+                             media_type="application/x-ndjson")
+
+
+@router.delete("/api/delete")
+@router.post("/api/delete", include_in_schema=False)
+async def delete(request: Request, body: OllamaDeleteRequest) -> Response:
+    """Delete a discovered or pulled model's files; a manifest's model is refused. Admin key."""
+    if not body.wanted:
+        raise BadRequest("model: Field required", param="model", code="missing_field")
+    await coordinator_of(request).pulls.remove(body.wanted)
+    return Response(status_code=200)
+
+
 @router.api_route("/api/push", methods=["POST"])
 @router.api_route("/api/create", methods=["POST"])
 @router.api_route("/api/copy", methods=["POST"])
-@router.api_route("/api/delete", methods=["DELETE"])
-@router.api_route("/api/delete", methods=["POST"])
 @router.api_route("/api/blobs/{digest}", methods=["HEAD", "POST"], include_in_schema=False)
 async def manifest_only(request: Request) -> Response:
-    """Models are not pulled, pushed, created, copied or deleted here: they are manifests."""
+    """Models are not pushed, created or copied here: they are files and manifests."""
     route = "/api/blobs" if request.url.path.startswith("/api/blobs/") else request.url.path
     raise service.refused(route)
 

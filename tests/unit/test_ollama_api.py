@@ -66,7 +66,6 @@ async def test_ollama_routes_take_the_user_key_not_the_admin_key(api):
     ("/api/embeddings", b'{"model": "zzz", "prompt": "x"}', 404, "zzz"),
     ("/api/show", b"{}", 400, "model"),
     ("/api/show", b'{"model": "zzz"}', 404, "zzz"),
-    ("/api/pull", b'{"model": "llama3"}', 400, "manifest"),
     ("/api/push", b'{"model": "a"}', 400, "manifest"),
     ("/api/create", b'{"model": "x", "from": "a"}', 400, "manifest"),
     ("/api/copy", b'{"source": "a", "destination": "c"}', 400, "manifest"),
@@ -78,10 +77,21 @@ async def test_errors_use_ollamas_envelope_and_status(api, path, body, status, w
     assert words in ollama_error(response, status)
 
 
-async def test_delete_is_refused_and_wrong_methods_are_405(api):
+async def test_pull_and_delete_need_the_admin_key_and_answer_in_ollamas_envelope(api):
     client, _ = api
-    refused = await client.request("DELETE", "/api/delete", json={"model": "a"}, headers=USER)
+    for method, path in (("POST", "/api/pull"), ("DELETE", "/api/delete")):
+        denied = await client.request(method, path, json={"model": "a"}, headers=USER)
+        assert "API key" in ollama_error(denied, 401)
+    unknown = await client.post("/api/pull", json={"model": "llama3"}, headers=ADMIN)
+    assert "hf.co/ORG/REPO:QUANT" in ollama_error(unknown, 404)
+    assert "model" in ollama_error(await client.post("/api/pull", json={}, headers=ADMIN), 400)
+    served = await client.post("/api/pull", json={"model": "a", "stream": False},
+                               headers=ADMIN)
+    assert served.json() == {"status": "success"}  # as Ollama answers for a model it has
+    refused = await client.request("DELETE", "/api/delete", json={"model": "a"}, headers=ADMIN)
     assert "manifest" in ollama_error(refused, 400)
+    gone = await client.request("DELETE", "/api/delete", json={"model": "zzz"}, headers=ADMIN)
+    assert "zzz" in ollama_error(gone, 404)
     ollama_error(await client.get("/api/chat", headers=USER), 405)
 
 

@@ -13,7 +13,7 @@ from ...cluster import FORWARDED_HEADER, forward_refusal
 from ...coordinator import Coordinator
 from ...services.clustered import FORWARDABLE
 from ..errors import envelope, internal_error
-from ..ollama import DATA_PATHS, is_ollama_path
+from ..ollama import ADMIN_PATHS, DATA_PATHS, is_ollama_path
 from .keys import check_key, given_key, with_client
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class AuthAndMetrics:
         elif (settings.user_keys_set or settings.admin_api_key) and not _open(scope["path"]):
             path = scope["path"]
             checked = check_key(given_key(headers), settings,
-                                admin=path.startswith("/api/") and not is_ollama_path(path))
+                                admin=path.startswith("/api/") and (
+                                    not is_ollama_path(path) or path in ADMIN_PATHS))
             if not checked.allowed:
                 await envelope("missing or invalid API key", 401, code="invalid_api_key")(
                     scope, receive, send)

@@ -155,3 +155,14 @@ class OllamaShowRequest(BaseModel):
     @property
     def wanted(self) -> str | None:
         return self.model or self.name
+
+
+class OllamaPullRequest(OllamaShowRequest):
+    """``POST /api/pull``: ``hf.co/ORG/REPO:QUANT`` (Ollama's spelling of a hub GGUF)."""
+
+    insecure: StrictBool | None = None
+    stream: StrictBool = True
+
+
+class OllamaDeleteRequest(OllamaShowRequest):
+    """``DELETE /api/delete``."""

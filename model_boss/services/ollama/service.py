@@ -48,16 +48,17 @@ OLLAMA_VERSION = "0.12.0"  # the Ollama API these routes follow
 COMPLETIONS, EMBEDDINGS = "/v1/completions", "/v1/embeddings"
 NDJSON, JSON = "application/x-ndjson", "application/json"
 UNLOAD_WAIT_S = 60.0  # keep_alive 0 on a busy model: running requests may finish first
-MANIFEST_ONLY = {"/api/pull": "pulled", "/api/push": "pushed", "/api/create": "created",
-                 "/api/copy": "copied", "/api/delete": "deleted", "/api/blobs": "uploaded"}
+MANIFEST_ONLY = {"/api/push": "pushed", "/api/create": "created", "/api/copy": "copied",
+                 "/api/blobs": "uploaded"}
 
 
 def refused(route: str) -> BadRequest:
-    """The answer to Ollama's model-management routes: model-boss's models are manifests."""
+    """The answer to Ollama's model-making routes: model-boss's models are files."""
     done = MANIFEST_ONLY.get(route, "changed")
-    return BadRequest(f"models cannot be {done} through model-boss: every model comes from "
-                      "a manifest (a YAML file in the manifests directory naming its file); "
-                      "GET /api/tags lists them", code="models_come_from_manifests")
+    return BadRequest(f"models cannot be {done} through model-boss: a model is a file in the "
+                      "models folder (or a manifest naming one), or one pulled with "
+                      "/api/pull hf.co/ORG/REPO:QUANT; GET /api/tags lists them",
+                      code="models_come_from_files")
 
 
 def extensions(request: Any, headers: Mapping[str, str]) -> Extensions:
