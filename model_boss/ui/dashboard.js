@@ -471,6 +471,7 @@ function modelCard(m) {
     progressView(m),
     h("dl", {class: "facts"},
       m.aliases?.length ? [h("dt", {}, "Aliases"), h("dd", {}, m.aliases.join(", "))] : null,
+      m.source ? [h("dt", {}, "Source"), h("dd", {class: "source"}, m.source)] : null,
       h("dt", {}, "Kind"), h("dd", {}, [m.category || slot?.category, m.backend || slot?.backend].filter(Boolean).join(" · ") || "—"),
       h("dt", {}, "Placement"), h("dd", {class: "placement"}, placementText(slot)),
       h("dt", {}, "VRAM"), h("dd", {class: "vram"},
@@ -493,6 +494,16 @@ function modelCard(m) {
 
 function renderModels() {
   if (!state.status) return;
+  const errors = state.status.catalog?.errors || [];
+  const banner = $("#catalog-errors");
+  banner.hidden = !errors.length;
+  banner.textContent = errors.length ? `The last reload kept the previous models: ${errors.join("; ")}` : "";
+  const pulls = state.status.pulls || [];
+  const downloads = $("#downloads");
+  downloads.hidden = !pulls.length;
+  downloads.textContent = pulls.length ? "Downloads: " + pulls.map((p) => p.total
+    ? `${p.source} ${fmtMB(p.completed / 1048576)} of ${fmtMB(p.total / 1048576)}`
+    : `${p.source} ${p.status}`).join(" · ") : "";
   replaceKeepingFocus($("#model-list"), modelRows().map(modelCard));
 }
 
