@@ -56,9 +56,10 @@ class LiveCatalog:
             try:
                 new = await asyncio.to_thread(build_catalog, self.settings)
                 tasks = TaskRegistry.load(self.settings.tasks_file, new)
-            except ConfigError as exc:
-                self.errors = [exc.message]
-                log.error("reload (%s) kept the previous catalog: %s", trigger, exc.message)
+            except (ConfigError, Exception) as exc:  # whatever it was, nothing changes
+                self.errors = [exc.message if isinstance(exc, ConfigError)
+                               else f"reading the catalog failed: {type(exc).__name__}: {exc}"]
+                log.error("reload (%s) kept the previous catalog: %s", trigger, self.errors[0])
                 self.events.emit("reload_failed", trigger=trigger, errors=self.errors)
                 return {"added": [], "changed": [], "removed": [], "errors": self.errors}
             diff = diff_catalogs(self.catalog, new)

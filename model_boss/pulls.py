@@ -122,11 +122,15 @@ class Pulls:
             self.events.emit("pulled", pull=pull.id, source=str(pull.source),
                              model=entry.manifest.id)
             return answer
-        except ModelBossError as exc:
+        except Exception as exc:
+            if not isinstance(exc, ModelBossError):  # a disk error, say: logged in full
+                log.exception("pull of %s failed", pull.source)
+                exc = ModelBossError(f"pull of {pull.source} failed: {type(exc).__name__} "
+                                     "(the server log says more)")
             self.events.emit("pull_failed", pull=pull.id, source=str(pull.source),
                              error=exc.message)
             log.warning("pull of %s failed: %s", pull.source, exc.message)
-            raise
+            raise exc from None
         finally:
             self.active.pop(str(pull.source), None)
             for queue in pull.followers:

@@ -3,6 +3,7 @@ file (architecture, trained context, pooling, splits) and what the VRAM estimate
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +24,16 @@ class HeaderReader:
 
     def __init__(self, handle: BinaryIO) -> None:
         self.handle = handle
+        # no length in a header can be past the end of the file: a corrupt one is refused
+        # instead of read into memory
+        self.size = os.fstat(handle.fileno()).st_size
+
+    def length(self) -> int:
+        value = self.unpack("<Q")
+        if value > self.size:
+            raise ValueError(f"corrupt GGUF header (a length of {value} in a file of "
+                             f"{self.size} bytes)")
+        return value
 
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -32,7 +43,7 @@ class HeaderReader:
         return struct.unpack(fmt, data)[0]
 
     def string(self) -> str:
-        return self.handle.read(self.unpack("<Q")).decode(errors="replace")
+        return self.handle.read(self.length()).decode(errors="replace")
 
     def value(self, kind: int) -> Any:
         if kind in SCALARS:
@@ -40,12 +51,12 @@ class HeaderReader:
         if kind == STRING:
             return self.string()
         if kind == ARRAY:
-            inner, count = self.unpack("<I"), self.unpack("<Q")
+            inner, count = self.unpack("<I"), self.length()
             if inner in SCALARS:
                 self.handle.seek(count * struct.calcsize(SCALARS[inner]), 1)
             elif inner == STRING:
                 for _ in range(count):
-                    self.handle.seek(self.unpack("<Q"), 1)
+                    self.handle.seek(self.length(), 1)
             else:
                 for _ in range(count):
                     self.value(inner)
@@ -57,7 +68,7 @@ class HeaderReader:
         if self.handle.read(4) != b"GGUF":
             raise ValueError("not a GGUF file")
         self.unpack("<I")  # version
-        return self.unpack("<Q"), self.unpack("<Q")
+        return self.length(), self.length()
 
     def metadata(self, count: int, *, stop_at_vocabulary: bool = False) -> dict[str, Any]:
         """The next ``count`` keys. ``stop_at_vocabulary``: stop at the tokenizer's big arrays

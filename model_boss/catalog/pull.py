@@ -1,11 +1,14 @@
-"""Pulling a GGUF model from the Hugging Face Hub into ``models_dir``, through the real
-``huggingface_hub`` client: HF_TOKEN, HF_ENDPOINT (or the ``hf_endpoint`` setting) and the hub
-cache are honoured, an interrupted download resumes from the cache's ``.incomplete`` blob.
+"""Pulling a GGUF model from the Hugging Face Hub into ``models_dir``, resolved through the real
+``huggingface_hub`` client (the file list, sizes, checksums and URLs; HF_TOKEN, HF_ENDPOINT or
+the ``hf_endpoint`` setting honoured; a file already in the hub cache is taken from there).
 
-A pull checks the disk first, downloads into the hub cache, verifies each file against the
-hub's checksum (sha256 for LFS files, the git blob hash otherwise), then links (or copies) it
-into ``models_dir/ORG/REPO/`` under a ``.partial`` name and renames it whole: discovery never
-sees half a file. The pull is recorded in ``models_dir/.model-boss-pulls.json``.
+A pull checks the disk first, then writes each file to ``models_dir/ORG/REPO/FILE.partial``:
+a dropped connection is retried, continuing where it stopped, and a pull that gave up (or was
+cancelled, or whose coordinator stopped) leaves its ``.partial`` for the next pull of the same
+file to continue with a Range request. (``hf_hub_download`` deletes its partial file when it
+gives up, and checks only the size.) The whole file is verified against the hub's checksum
+(sha256 for LFS files, the git blob hash otherwise) and only then renamed to its name:
+discovery never sees half a file. The pull is recorded in ``models_dir/.model-boss-pulls.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ _SOURCE = re.compile(r"^(?:hf://|hf\.co/|huggingface\.co/|https://huggingface\.c
                      r"(?P<repo>[\w.-]+/[\w.-]+)(?:(?P<file>/[\w./-]+\.gguf)|:(?P<quant>[\w.-]+))?$",
                      re.IGNORECASE)
 _records = threading.Lock()
+DOWNLOAD_TRIES = 5  # dropped connections in a row (no byte between) before a pull gives up
 
 
 class PullCancelled(ModelBossError):
@@ -115,34 +119,6 @@ def choose_files(files: list[str], source: PullSource) -> list[str]:
     return parts + projectors[:1]
 
 
-class _Progress:
-    """The progress bar huggingface_hub draws, as reports (and the place a cancel lands)."""
-
-    def __init__(self, report: Report, file: str, digest: str, cancelled: threading.Event,
-                 total: int | None = None, initial: int = 0, **_: Any) -> None:
-        self.report, self.file, self.digest, self.cancelled = report, file, digest, cancelled
-        self.total, self.n, self._sent = total or 0, initial, 0.0
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def update(self, n: int) -> None:
-        if self.cancelled.is_set():
-            raise PullCancelled(f"pull of {self.file} cancelled")
-        self.n += n
-        now = time.monotonic()
-        if now - self._sent >= 0.25 or self.n >= self.total:
-            self._sent = now
-            self.report({"status": "downloading", "file": self.file, "digest": self.digest,
-                         "completed": self.n, "total": self.total})
-
-    def close(self) -> None:
-        return None
-
-
 def _hub_error(exc: Exception, source: PullSource) -> ModelBossError:
     from huggingface_hub import errors
 
@@ -162,22 +138,17 @@ def _hub_error(exc: Exception, source: PullSource) -> ModelBossError:
 
 def _digest(etag: str | None) -> str:
     """The file's sha256 as Ollama writes a digest (``sha256:HEX``), when the hub gave it."""
-    etag = (etag or "").strip('"')
+    etag = _plain(etag)
     return f"sha256:{etag}" if len(etag) == 64 else ""
 
 
-def _checksum_ok(path: Path, etag: str | None, size: int) -> bool:
-    etag = (etag or "").strip('"').removeprefix("W/").strip('"')
-    if len(etag) == 64:
-        digest = hashlib.sha256()
-    elif len(etag) == 40:
-        digest = hashlib.sha1(b"blob %d\0" % size)  # git's blob hash
-    else:
-        return True  # no checksum to hold it against: the size was checked
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest() == etag
+def _plain(etag: str | None) -> str:
+    return (etag or "").removeprefix("W/").strip('"')
+
+
+def _hasher(etag: str | None, size: int):
+    """What the hub's checksum is: sha256 for LFS files, git's blob hash otherwise."""
+    return hashlib.sha256() if len(_plain(etag)) == 64 else hashlib.sha1(b"blob %d\0" % size)
 
 
 def _free_mb(path: Path) -> int:
@@ -186,64 +157,135 @@ def _free_mb(path: Path) -> int:
     return shutil.disk_usage(path).free >> 20
 
 
+@dataclass(slots=True)
+class _File:
+    """One file to fetch: where it comes from, how big it is, its checksum, where it goes."""
+
+    name: str
+    url: str
+    size: int
+    etag: str | None
+    dest: Path
+
+    @property
+    def partial(self) -> Path:
+        return self.dest.with_name(self.dest.name + ".partial")
+
+
 def pull_files(source: PullSource, models_dir: Path, report: Report,
-               cancelled: threading.Event, endpoint: str | None = None,
-               cache_dir: Path | None = None) -> Path:
+               cancelled: threading.Event, endpoint: str | None = None) -> Path:
     """Fetch ``source`` into ``models_dir``; the model file (a split one's first part)."""
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.utils import build_hf_headers
 
     report({"status": "resolving", "source": str(source)})
     try:
-        files = source.filename and [source.filename] or \
+        files = [source.filename] if source.filename else \
             HfApi(endpoint=endpoint).list_repo_files(source.repo)
-        chosen = choose_files(files, source)
-        metas = [get_hf_file_metadata(hf_hub_url(source.repo, f, endpoint=endpoint))
-                 for f in chosen]
+        wanted = []
+        for name in choose_files(files, source):
+            meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
+            wanted.append(_File(name, meta.location, meta.size or 0, meta.etag,
+                                models_dir / source.repo / name))
+        headers = build_hf_headers(library_name="model-boss")
     except ModelBossError:
         raise
     except Exception as exc:
         raise _hub_error(exc, source) from exc
-    from huggingface_hub import constants
-
-    need_mb = sum(m.size or 0 for m in metas) >> 20
-    for where in (models_dir, Path(cache_dir or constants.HF_HUB_CACHE)):
-        if _free_mb(where) < need_mb + 64:
-            raise NoRoom(f"{source} needs {need_mb} MB; {where} has {_free_mb(where)} MB free")
-    placed = []
-    for file, meta in zip(chosen, metas, strict=True):
-        try:
-            cached = Path(hf_hub_download(
-                source.repo, file, endpoint=endpoint, cache_dir=cache_dir,
-                tqdm_class=lambda file=file, meta=meta, **kw: _Progress(
-                    report, file, _digest(meta.etag), cancelled, **kw)))
-        except ModelBossError:
-            raise
-        except Exception as exc:
-            raise _hub_error(exc, source) from exc
-        report({"status": "verifying", "file": file})
-        if not _checksum_ok(cached, meta.etag, meta.size or 0):
-            with_link = cached.resolve()
-            cached.unlink(missing_ok=True)
-            with_link.unlink(missing_ok=True)  # the next pull downloads it again
-            raise UpstreamError(f"{file} from {source.repo} failed its checksum; it was "
-                                "removed from the cache, pull again")
-        placed.append(_place(cached, models_dir / source.repo / file))
-    _record(models_dir, placed, source, [m.etag for m in metas])
-    report({"status": "placed", "file": str(placed[0].relative_to(models_dir))})
-    return placed[0]
+    need_mb = sum(f.size - _size(f.partial) for f in wanted) >> 20
+    if _free_mb(models_dir) < need_mb + 64:
+        raise NoRoom(f"{source} needs {need_mb} MB; {models_dir} has "
+                     f"{_free_mb(models_dir)} MB free", retry_after_s=60)
+    for file in wanted:
+        cached = try_to_load_from_cache(source.repo, file.name)
+        if isinstance(cached, str) and Path(cached).stat().st_size == file.size:
+            _link(Path(cached), file.partial)  # the hub cache has it already
+        _download(file, headers, report, cancelled)
+        report({"status": "verifying", "file": file.name})
+        _verify(file)
+        os.replace(file.partial, file.dest)
+    _record(models_dir, [f.dest for f in wanted], source, [f.etag for f in wanted])
+    report({"status": "placed", "file": wanted[0].dest.relative_to(models_dir).as_posix()})
+    return wanted[0].dest
 
 
-def _place(cached: Path, dest: Path) -> Path:
-    """``cached`` at ``dest``, whole: a hard link (or a copy) under ``.partial``, renamed."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _link(cached: Path, partial: Path) -> None:
+    partial.parent.mkdir(parents=True, exist_ok=True)
     partial.unlink(missing_ok=True)
     try:
         os.link(cached.resolve(), partial)
     except OSError:
         shutil.copyfile(cached, partial)
-    os.replace(partial, dest)
-    return dest
+
+
+def _download(file: _File, headers: dict[str, str], report: Report,
+              cancelled: threading.Event) -> None:
+    """Bring ``file.partial`` to the whole file: a part already there (an earlier pull cut
+    short) is continued with a Range request; a dropped connection is retried, resuming."""
+    import httpx
+
+    file.partial.parent.mkdir(parents=True, exist_ok=True)
+    have = _size(file.partial)
+    if have > file.size:
+        file.partial.unlink()
+        have = 0
+    failures, sent = 0, 0.0
+    while have < file.size:
+        ranged = {"Range": f"bytes={have}-"} if have else {}
+        try:
+            with httpx.stream("GET", file.url, headers={**headers, **ranged}, timeout=60,
+                              follow_redirects=True) as response:
+                if response.status_code == 200 and have:  # the range was ignored
+                    have = 0
+                elif response.status_code not in (200, 206):
+                    raise HubUnavailable(f"the hub answered {response.status_code} for "
+                                         f"{file.name}", retry_after_s=30)
+                with open(file.partial, "r+b" if have else "wb") as out:
+                    out.seek(have)
+                    out.truncate()
+                    for chunk in response.iter_bytes():  # as they come: a cut loses none
+                        if cancelled.is_set():
+                            raise PullCancelled(f"pull of {file.name} cancelled at {have} of "
+                                                f"{file.size} bytes; pull again to resume")
+                        out.write(chunk)
+                        have += len(chunk)
+                        failures = 0
+                        if time.monotonic() - sent >= 0.25 or have >= file.size:
+                            sent = time.monotonic()
+                            report({"status": "downloading", "file": file.name,
+                                    "digest": _digest(file.etag), "completed": have,
+                                    "total": file.size})
+        except httpx.TransportError as exc:
+            have = _size(file.partial)
+            failures += 1
+            if failures > DOWNLOAD_TRIES:
+                raise HubUnavailable(f"download of {file.name} interrupted at {have} of "
+                                     f"{file.size} bytes ({type(exc).__name__}); pull again "
+                                     "to resume", retry_after_s=10) from exc
+            time.sleep(0.2 * failures)
+
+
+def _verify(file: _File) -> None:
+    """The whole file against the hub's checksum; a mismatch deletes it (the next pull
+    downloads it again)."""
+    digest = _hasher(file.etag, file.size)
+    if _plain(file.etag) and len(_plain(file.etag)) in (40, 64):
+        with open(file.partial, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        if digest.hexdigest() != _plain(file.etag):
+            file.partial.unlink(missing_ok=True)
+            raise UpstreamError(f"{file.name} failed its checksum (the hub says "
+                                f"{_plain(file.etag)[:12]}…); it was deleted: pull again")
+    if _size(file.partial) != file.size:
+        raise UpstreamError(f"{file.name} has {_size(file.partial)} bytes, not {file.size}")
 
 
 def _record(models_dir: Path, placed: list[Path], source: PullSource,

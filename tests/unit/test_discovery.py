@@ -117,12 +117,19 @@ def test_served_context_is_the_smaller_of_trained_and_default(tmp_path, trained,
     assert models(tmp_path, default_ctx_size=default)["m"].manifest.ctx_size == served
 
 
-def test_an_unreadable_file_is_listed_unavailable_saying_why(tmp_path):
+@pytest.mark.parametrize("content", [
+    b"GGUF\x03\x00\x00\x00\x01",  # cut short
+    b"GGUF" + b"\1" * 200_000,  # lengths of petabytes: refused, never read into memory
+    b"PK\x03\x04 a zip file",
+])
+def test_an_unreadable_file_is_listed_unavailable_saying_why(tmp_path, content):
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00\x01")
-    entry = models(tmp_path)["cut"]
-    assert not entry.available
-    assert "cannot read the GGUF header" in entry.unavailable_reason
+    (tmp_path / "models" / "cut.gguf").write_bytes(content)
+    (tmp_path / "models" / "fine.gguf").symlink_to(write_gguf(tmp_path / "fine.gguf"))
+    found = models(tmp_path)
+    assert not found["cut"].available
+    assert "cannot read the GGUF header" in found["cut"].unavailable_reason
+    assert found["fine"].available
 
 
 def test_a_manifest_naming_a_file_overrides_it_field_by_field(tmp_path):
