@@ -26,6 +26,7 @@ from model_boss.api.app import create_app
 from model_boss.api.ollama import is_ollama_path
 from model_boss.services.anthropic.stream import ERROR_TYPES as ANTHROPIC_TYPES
 
+from ..hub_standin import HubStandin
 from .fakes import coordinator, manifest
 
 # per operation and mode: 20 is ~650 requests; MODEL_BOSS_FUZZ_EXAMPLES=200 for a deep run
@@ -42,16 +43,20 @@ ENVELOPE = {"message", "type", "param", "code"}
 
 @pytest.fixture
 def schema(tmp_path):
+    # pulls go to an empty stand-in of the hub (no hub is reachable): unknown repos, 404
+    hub = HubStandin().start()
     coord, _ = coordinator(tmp_path, [
         manifest("a", 500, aliases=["alias-a"]),
         manifest("img", 500, category="diffusion", backend="diffusers"),
         manifest("voice", 500, category="tts", backend="command", command=["true"]),
-    ], gpus=[{"index": 0, "name": "sim", "vram_mb": GPU_MB}], max_body_bytes=64 * 1024)
+    ], gpus=[{"index": 0, "name": "sim", "vram_mb": GPU_MB}], max_body_bytes=64 * 1024,
+        hf_endpoint=hub.url)
     app = create_app(coordinator=coord)
     loaded = openapi.from_asgi("/openapi.json", app)
     steer(loaded)
     yield loaded
     asgi.shutdown_lifespans()  # stops the coordinator
+    hub.stop()
 
 
 def steer(loaded) -> None:
