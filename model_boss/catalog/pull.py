@@ -88,7 +88,8 @@ def _has_quant(name: str, quant: str) -> bool:
 
 def choose_files(files: list[str], source: PullSource) -> list[str]:
     """The files to fetch for ``source``: the model (every part of a split one) and, when the
-    repository has one, a vision projector (``mmproj``, f16 preferred)."""
+    repository has one and no file was named, a vision projector (``mmproj``, f16
+    preferred)."""
     models = [f for f in files if f.lower().endswith(".gguf")
               and not Path(f).name.lower().startswith("mmproj")]
     firsts = [f for f in models if not (m := SPLIT.match(Path(f).name[:-5]))
@@ -116,7 +117,7 @@ def choose_files(files: list[str], source: PullSource) -> list[str]:
                        and str(Path(f).parent / m["name"]).removeprefix("./") == prefix)
     projectors = sorted((f for f in files if Path(f).name.lower().startswith("mmproj")
                          and f.lower().endswith(".gguf")), key=lambda f: "f16" not in f.lower())
-    return parts + projectors[:1]
+    return parts if source.filename else parts + projectors[:1]  # a named file: only it
 
 
 def _hub_error(exc: Exception, source: PullSource) -> ModelBossError:
