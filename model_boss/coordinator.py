@@ -24,9 +24,8 @@ from .gpu.lease import LeaseStore
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner
-from .live_catalog import LiveCatalog
+from .library import LiveCatalog, Pulls
 from .metrics import Metrics
-from .pulls import Pulls
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter

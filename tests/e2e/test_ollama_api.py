@@ -248,7 +248,7 @@ def test_unknown_model_is_a_404(client):
     assert missing.value.status_code == 404 and "llama3:8b" in missing.value.error
 
 
-@pytest.mark.parametrize("call", [lambda c: c.pull("llama3"), lambda c: c.delete("smol-embed"),
+@pytest.mark.parametrize("call", [lambda c: c.delete("smol-embed"),
                                   lambda c: c.copy("smol-embed", "other"),
                                   lambda c: c.push("smol-embed")])
 def test_model_management_is_refused_saying_why(client, call):
@@ -256,6 +256,14 @@ def test_model_management_is_refused_saying_why(client, call):
         call(client)
     assert refused.value.status_code == 400 and "manifest" in refused.value.error
     assert "smol-embed" in {m.model for m in client.list().models}
+
+
+def test_a_pull_of_a_name_not_on_the_hub_says_how_to_name_one(client):
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.pull("llama3")
+    assert missing.value.status_code == 404
+    assert "hf.co/ORG/REPO:QUANT" in missing.value.error
+    assert client.pull("smol-embed").status == "success"  # served already
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -344,4 +352,4 @@ def test_the_official_javascript_client(server, tmp_path):
     assert seen["stream"]["done_reason"] in ("stop", "length")
     assert seen["embed"] > 100 and "smollm2-135m" in seen["tags"]
     assert any(name == "smollm2-135m" and in_vram for name, in_vram, _ in seen["ps"])
-    assert seen["missing"][0] == 404 and seen["pull"][0] == 400
+    assert seen["missing"][0] == 404 and seen["pull"][0] == 404

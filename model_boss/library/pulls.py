@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .catalog import Catalog
-from .catalog.pull import PullSource, forget_pulls, parse_source, pull_files
-from .errors import BadRequest, ModelBossError, ModelNotFound, NotFound
-from .events import EventBus
-from .settings import Settings
-from .slots.pool import ModelPool
+from ..catalog import Catalog
+from ..catalog.pull import PullSource, forget_pulls, parse_source, pull_files
+from ..errors import BadRequest, ModelBossError, ModelNotFound, NotFound
+from ..events import EventBus
+from ..settings import Settings
+from ..slots.pool import ModelPool
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Pulls:
     def _files(path: Path) -> list[Path]:
         """The model's files: a split model's every part (its projector stays: the other
         quantizations beside it may use it)."""
-        from .catalog.discovery import SPLIT
+        from ..catalog.discovery import SPLIT
 
         split = SPLIT.match(path.name[:-len(".gguf")]) if path.name.endswith(".gguf") else None
         if not split:

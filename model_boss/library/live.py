@@ -20,14 +20,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .catalog import Catalog, build_catalog, diff_catalogs
-from .catalog.discovery import PARTIAL_SUFFIXES, PULLS_FILE
-from .catalog.tasks import TaskRegistry
-from .errors import ConfigError
-from .events import EventBus
-from .settings import Settings
-from .slots.changes import take_catalog_change
-from .slots.pool import ModelPool
+from ..catalog import Catalog, build_catalog, diff_catalogs
+from ..catalog.discovery import PARTIAL_SUFFIXES, PULLS_FILE
+from ..catalog.tasks import TaskRegistry
+from ..errors import ConfigError
+from ..events import EventBus
+from ..settings import Settings
+from ..slots.changes import take_catalog_change
+from ..slots.pool import ModelPool
 
 log = logging.getLogger(__name__)
 
