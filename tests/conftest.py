@@ -16,6 +16,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# torch (the diffusers workers, the fixtures that build tiny models) runs one thread per
+# process in the suite: two test processes share two cores, and torch's OpenMP threads spinning
+# against a busy neighbour made a 5-second diffusion test take 33 s. Workers inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 MODELS_DIR = Path(os.environ.get("MODEL_BOSS_MODELS_DIR",
                                  "~/.cache/model-boss/models")).expanduser()
 DEMO_GGUF = MODELS_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -275,18 +279,17 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-# The files that take longest (seconds of one test process, measured with --durations=0),
-# run first: with two processes taking whole files, a long file taken last would leave the
-# other process idle for its length. scripts/test.sh turns off xdist's own order (by test
-# count, which put the 40-second fuzz test, one test, last).
-LONGEST_FIRST = ("e2e/test_cluster_e2e.py", "e2e/test_diffusion.py",
-                 "e2e/test_diffusers_worker.py", "unit/test_fuzz_api.py", "e2e/test_stress.py",
-                 "e2e/test_llama_eviction.py", "e2e/test_openai_fidelity.py",
-                 "e2e/test_ollama_api.py", "e2e/test_dashboard.py",
+# The files that take longest start first, so that neither test process is left with a long
+# file at the end while the other idles (xdist's own order, by test count, put the 40-second
+# fuzz test, one test, last). The two diffusion files each load torch in several workers: run
+# side by side they took 130 s of the two processes' time, apart 85 s, so they are spread
+# (seconds from --durations=0 on two cores; scripts/test.sh turns xdist's order off).
+LONGEST_FIRST = ("e2e/test_diffusion.py", "e2e/test_cluster_e2e.py", "unit/test_fuzz_api.py",
+                 "e2e/test_stress.py", "e2e/test_diffusers_worker.py",
+                 "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
+                 "e2e/test_openai_fidelity.py", "e2e/test_ollama_api.py",
                  "e2e/test_scheduling_e2e.py", "e2e/test_command_backend.py",
-                 "e2e/test_llama_workers.py", "e2e/test_llama_chat.py",
-                 "e2e/test_worker_kills.py", "e2e/test_redis_restart_e2e.py",
-                 "e2e/test_redis_e2e.py", "e2e/test_spare_worker.py")
+                 "e2e/test_llama_workers.py", "e2e/test_live_catalog.py")
 
 
 def _file_rank(item) -> int:
