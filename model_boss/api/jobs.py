@@ -18,7 +18,7 @@ from .errors import OpenAIError, documented
 router = APIRouter(tags=["jobs"], responses=documented(OpenAIError))
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                   "/v1/audio/speech", "/v1/images/generations"]
+                   "/v1/rerank", "/v1/audio/speech", "/v1/images/generations"]
 assert set(Endpoint.__args__) == set(ENDPOINT_BODIES)  # type: ignore[attr-defined]
 
 

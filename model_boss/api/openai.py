@@ -24,7 +24,7 @@ from ..services import (
     serve_streaming,
 )
 from ..services.redact import redact
-from ..services.schemas import OpenAIRequest
+from ..services.schemas import OpenAIRequest, RerankRequest
 from ..slots.slot import SlotState
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OpenAIError, documented
@@ -77,6 +77,16 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
 @router.post("/embeddings", include_in_schema=False)
 async def embeddings(request: Request, body: EmbeddingRequest) -> Response:
     return await serve_body(request, "/v1/embeddings", body)
+
+
+@router.post("/v1/rerank")
+@router.post("/rerank", include_in_schema=False)
+@router.post("/v1/reranking", include_in_schema=False)  # llama.cpp's server's other names
+@router.post("/reranking", include_in_schema=False)
+async def rerank(request: Request, body: RerankRequest) -> Response:
+    """Documents ordered by relevance to the query: a ``rerank`` model (transformers'
+    CrossEncoder) or a llama.cpp model with ``reranking: true``."""
+    return await serve_body(request, "/v1/rerank", body)
 
 
 @router.post("/v1/responses")

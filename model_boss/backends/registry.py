@@ -8,11 +8,12 @@ from .command import CommandBackend
 from .diffusers import DiffusersBackend
 from .llama import (
     BinaryLlamaBackend,
+    LlamaCppPythonBackend,
     LlamaCppServerBackend,
     LlamaServerBackend,
     NativeLlamaBackend,
 )
-from .llama_cpp_python import LlamaCppPythonBackend
+from .transformers import TransformersBackend
 
 
 def worker_kind(manifest: ModelManifest, settings: Settings) -> LlamaWorker:
@@ -44,8 +45,9 @@ BACKENDS: dict = {
     BackendKind.DIFFUSERS: DiffusersBackend,
     BackendKind.COMMAND: CommandBackend,
     BackendKind.CLOUD: CloudBackend,
+    BackendKind.TRANSFORMERS: TransformersBackend,
 }
 
 __all__ = ["BACKENDS", "BinaryLlamaBackend", "CloudBackend", "CommandBackend",
            "DiffusersBackend", "LlamaBackends", "LlamaCppPythonBackend", "LlamaCppServerBackend",
-           "LlamaServerBackend", "NativeLlamaBackend", "worker_kind"]
+           "LlamaServerBackend", "NativeLlamaBackend", "TransformersBackend", "worker_kind"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelNotFound, ModelUnavailable
-from .manifest import BackendKind, ModelManifest
+from .manifest import BackendKind, Category, ModelManifest
 
 
 @dataclass(slots=True)
@@ -73,11 +73,16 @@ class Catalog:
 def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | None:
     if manifest.problem:
         return manifest.problem
-    if manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS):
+    if manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS,
+                            BackendKind.TRANSFORMERS):
         if path is None:
             return "manifest has no path"
         if not path.exists():
             return f"model file not found: {path}"
+    if manifest.backend == BackendKind.TRANSFORMERS and manifest.category not in (
+            Category.EMBEDDING, Category.RERANK):
+        return f"the transformers backend serves embedding and rerank models, not " \
+               f"{manifest.category}"
     if manifest.backend == BackendKind.COMMAND and not manifest.command:
         return "manifest has no command"
     if manifest.backend == BackendKind.CLOUD and not manifest.base_url:

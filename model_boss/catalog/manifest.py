@@ -26,6 +26,7 @@ class Category(StrEnum):
     VISION = "vision"
     TTS = "tts"
     EMBEDDING = "embedding"
+    RERANK = "rerank"
 
 
 class BackendKind(StrEnum):
@@ -33,6 +34,7 @@ class BackendKind(StrEnum):
     DIFFUSERS = "diffusers"
     CLOUD = "cloud"
     COMMAND = "command"
+    TRANSFORMERS = "transformers"  # embedders and rerankers (sentence-transformers)
 
 
 class LlamaWorker(StrEnum):
@@ -89,6 +91,10 @@ class ModelManifest(BaseModel):
     offload: str = "none"
     vae_mb_per_512px: float = Field(default=1600.0, gt=0)
     allow_cpu_vae: bool = True
+    # transformers: concurrent requests' texts batched, up to batch_size, waiting at most
+    # max_batch_wait_ms for more
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    max_batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
     # cloud / command
     base_url: str | None = None
     api: Literal["openai", "anthropic"] = "openai"  # the API a cloud remote speaks

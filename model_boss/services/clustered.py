@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # the endpoints a member answers on the same path as the worker's (images are kept where
 # they arrive: their files are served by the member that wrote them)
 FORWARDABLE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                         "/v1/rerank",
                          "/v1/responses", "/v1/audio/speech", "/v1/messages",
                          "/v1/messages/count_tokens", *NATIVE_BODIES})
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # the OpenAI routes whose HTTP path is the endpoint members answer on
 EARLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                         "/v1/responses", "/v1/audio/speech"})
+                         "/v1/rerank", "/v1/responses", "/v1/audio/speech"})
 
 
 @dataclass(frozen=True, slots=True)

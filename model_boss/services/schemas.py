@@ -196,6 +196,22 @@ class EmbeddingRequest(OpenAIRequest):
     input: NonEmptyInput
 
 
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(min_length=1)
+
+
+class RerankRequest(OpenAIRequest):
+    """``POST /v1/rerank``: the shape llama.cpp's server, Jina and Cohere clients send."""
+
+    query: str = Field(min_length=1, max_length=100_000)
+    documents: list[Annotated[str, Field(min_length=1)] | RerankDocument] = Field(
+        min_length=1, max_length=4096)
+    top_n: Int | None = Field(default=None, ge=1)
+    return_documents: StrictBool | None = None
+
+
 class SpeechRequest(OpenAIRequest):
     """``POST /v1/audio/speech``: passed to a TTS worker."""
 
@@ -253,6 +269,7 @@ ENDPOINT_BODIES: dict[str, type[OpenAIRequest]] = {
     "/v1/chat/completions": ChatRequest,
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/rerank": RerankRequest,
     "/v1/audio/speech": SpeechRequest,
     "/v1/images/generations": ImageRequest,
 }

@@ -109,9 +109,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
                                        param="model")
             continue
         manifest = found.manifest
-        too_many = _too_many_choices(manifest, endpoint, body)
-        if too_many is not None:  # a rung that cannot give what was asked is passed over
-            last_error = too_many
+        refusal = _wrong_kind(manifest, endpoint) or _too_many_choices(manifest, endpoint, body)
+        if refusal is not None:  # a rung that cannot give what was asked is passed over
+            last_error = refusal
             continue
         queued = QueuedRequest(
             model_id=model_id, client_id=client_id, endpoint=endpoint, budget_s=remaining,
@@ -161,6 +161,18 @@ def default_task(coord: Coordinator) -> str:
                          "task ('task:<name>'), or name a default task with 'default_task: "
                          "<name>' at the top of tasks.yaml", param="model", code="missing_field")
     return name
+
+
+def _wrong_kind(manifest: ModelManifest, endpoint: str) -> BadRequest | None:
+    """A worker kind that says which endpoints it serves (an embedder: /v1/embeddings) is not
+    loaded for another: the request is refused (or passed to the next rung) at once."""
+    serves = getattr(BACKENDS.get(manifest.backend), "serves", None)
+    endpoints = serves(manifest) if serves is not None else None
+    if endpoints is None or endpoint in endpoints:
+        return None
+    return BadRequest(f"'{manifest.id}' is a model of kind '{manifest.category}'; it serves "
+                      f"{', '.join(endpoints) or 'nothing'}, not {endpoint}", param="model",
+                      code="unsupported_endpoint")
 
 
 def _too_many_choices(manifest: ModelManifest, endpoint: str,

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from model_boss.backends.llama_collect import as_stream, collect, collectable
+from model_boss.backends.llama.collect import as_stream, collect, collectable
 from model_boss.errors import UpstreamError
 
 

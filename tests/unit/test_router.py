@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from model_boss.backends.chat_templates import (
+from model_boss.backends.llama.chat_templates import (
     completion_body,
     completion_to_chat,
     render_alpaca,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import os
 
+from ..process import die_with_parent, serve
 from .app import create_app
 from .generation import Generator
 from .loader import LoadedPipeline, load_pipeline, preimport
 from .options import WorkerOptions, parse_args
 from .pipeline import PipelineHolder
-from .process import die_with_parent, serve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..catalog.manifest import ModelManifest
-from ..errors import LoadFailed
-from ..gpu.placement import Placement
-from .base import HttpWorkerBackend, UpstreamResponse
+from ...catalog.manifest import ModelManifest
+from ...errors import LoadFailed
+from ...gpu.placement import Placement
+from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
-from .llama_collect import as_stream, collect, collectable
-from .llama_report import server_report
+from .collect import as_stream, collect, collectable
+from .report import server_report
 
 ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
 MODEL_SIDE_TEMPLATES = ("alpaca", "raw")  # rendered here: llama.cpp has no such template

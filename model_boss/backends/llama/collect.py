@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from .base import upstream_error
-from .sse import sse_data, sse_events
+from ..base import upstream_error
+from ..sse import sse_data, sse_events
 
 NATIVE = frozenset({"/completion", "/completions", "/infill"})
 CHAT = "/v1/chat/completions"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from ..errors import LoadFailed
-from ..gpu.placement import Placement
+from ...errors import LoadFailed
+from ...gpu.placement import Placement
 from .chat_templates import uses_prompt_template
-from .llama import LlamaServerBackend
+from .server import LlamaServerBackend
 
 
 def llama_cpp_python_installed() -> bool:

@@ -1,4 +1,5 @@
-"""The worker process's lifetime: die with the coordinator, serve until told to stop."""
+"""A worker process's lifetime (diffusers, transformers): die with the coordinator, serve until
+told to stop."""
 
 from __future__ import annotations
 

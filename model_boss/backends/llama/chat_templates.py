@@ -17,8 +17,8 @@ from typing import Any
 import jinja2
 import orjson
 
-from ..errors import BadRequest
-from .base import UpstreamResponse
+from ...errors import BadRequest
+from ..base import UpstreamResponse
 
 NO_THINK_MARKER = "/no_think"
 ALPACA_STOP = ["### Instruction:"]

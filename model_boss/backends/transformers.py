@@ -1,0 +1,83 @@
+"""TransformersBackend: ``python -m workers.transformers`` — an embedder (sentence-transformers)
+or a reranker (CrossEncoder), batching concurrent requests, with a CPU-RAM tier."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import httpx
+
+from ..catalog.manifest import Category, ModelManifest
+from ..errors import BadRequest, WorkerCrashed
+from ..gpu.placement import Placement
+from .base import HttpWorkerBackend, UpstreamResponse, upstream_error
+
+# what each kind answers: the coordinator's endpoint → the worker's path
+SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
+          Category.RERANK: {"/v1/rerank": "/v1/rerank"}}
+TASKS = {Category.EMBEDDING: "embedding", Category.RERANK: "rerank"}
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class TransformersBackend(HttpWorkerBackend):
+    can_offload = True
+    health_path = "/health"
+    secret_env = "WORKER_API_KEY"  # workers/transformers/options.py reads it
+
+    @staticmethod
+    def serves(manifest: ModelManifest) -> list[str]:
+        """The endpoints a model of this kind answers (checked before it is loaded)."""
+        return list(SERVES.get(manifest.category, {}))
+
+    def argv(self, port: int, placement: Placement | None) -> list[str]:
+        m = self.manifest
+        return [sys.executable, "-m", "workers.transformers", "--host", "127.0.0.1",
+                "--port", str(port), "--parent-pid", str(os.getpid()),
+                "--model", str(self.entry.path), "--task", TASKS[m.category],
+                "--device", "auto", "--dtype", m.dtype, "--batch-size", str(m.batch_size),
+                "--max-batch-wait-ms", f"{m.max_batch_wait_ms:g}", *m.args]
+
+    def environment(self, placement: Placement | None) -> dict[str, str]:
+        env = super().environment(placement)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        return env
+
+    async def handle_request(self, endpoint: str, body: dict[str, Any],
+                             stream: bool) -> UpstreamResponse:
+        served = SERVES.get(self.manifest.category, {})
+        if endpoint not in served:
+            routes = ", ".join(served) or "nothing"
+            raise BadRequest(f"'{self.manifest.id}' is a model of kind "
+                             f"'{self.manifest.category}'; it serves {routes}",
+                             param="model", code="unsupported_endpoint")
+        return await self.proxy("POST", served[endpoint], {**body, "model": self.manifest.id},
+                                stream=False)
+
+    async def _post(self, path: str) -> dict[str, Any]:
+        if self._client is None:
+            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
+        try:
+            response = await self._client.post(path, timeout=self.settings.request_timeout_s)
+        except httpx.TransportError as exc:
+            raise await self.crashed(exc) from exc
+        if response.status_code >= 400:
+            raise upstream_error(self.manifest.id, response.status_code, response.content)
+        return response.json()
+
+    async def offload(self) -> dict[str, Any]:
+        return await self._post("/offload")
+
+    async def onload(self) -> dict[str, Any]:
+        return await self._post("/onload")
+
+    async def report(self) -> dict[str, Any]:
+        if self._client is None:
+            return {}
+        try:
+            response = await self._client.get("/health", timeout=5)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}

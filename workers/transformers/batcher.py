@@ -1,0 +1,91 @@
+"""Dynamic batching: the items of requests that arrive together run as one batch.
+
+A request's items are queued whole; the runner takes queued requests until it holds
+``batch_size`` items or the first has waited ``max_wait_s``, runs them in one call (in a
+thread, one batch at a time: the model is not called concurrently), and hands each request
+its own slice of the results. 32 clients sending one sentence each cost one batch of 32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class _Ask:
+    items: Sequence[Any]
+    done: asyncio.Future
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    def __init__(self, run: Callable[[list[Any]], Sequence[Any]], batch_size: int,
+                 max_wait_s: float) -> None:
+        self.run = run
+        self.batch_size = batch_size
+        self.max_wait_s = max_wait_s
+        self.batches = 0
+        self.largest = 0
+        self._queue: asyncio.Queue[_Ask] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def submit(self, items: Sequence[Any]) -> list[Any]:
+        """Results for ``items``, in their order."""
+        ask = _Ask(items, asyncio.get_running_loop().create_future())
+        await self._queue.put(ask)
+        return await ask.done
+
+    async def _gather(self) -> list[_Ask]:
+        asks = [await self._queue.get()]
+        count = len(asks[0].items)
+        deadline = asks[0].queued_at + self.max_wait_s
+        while count < self.batch_size:
+            try:
+                ask = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    ask = await asyncio.wait_for(self._queue.get(), left)
+                except TimeoutError:
+                    break
+            asks.append(ask)
+            count += len(ask.items)
+        return [a for a in asks if not a.done.done()]  # a caller that went away is dropped
+
+    async def _loop(self) -> None:
+        while True:
+            asks = await self._gather()
+            if not asks:
+                continue
+            items = [item for ask in asks for item in ask.items]
+            self.batches += 1
+            self.largest = max(self.largest, len(items))
+            try:
+                results = await asyncio.to_thread(self.run, items)
+            except Exception as exc:
+                for ask in asks:
+                    if not ask.done.done():
+                        ask.done.set_exception(exc)
+                continue
+            start = 0
+            for ask in asks:
+                end = start + len(ask.items)
+                if not ask.done.done():
+                    ask.done.set_result(list(results[start:end]))
+                start = end

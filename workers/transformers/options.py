@@ -1,0 +1,66 @@
+"""The worker's command line, validated into ``WorkerOptions``.
+
+    python -m workers.transformers --model DIR --task embedding|rerank --port N
+        [--host 127.0.0.1] [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
+        [--batch-size 32] [--max-batch-wait-ms 5] [--max-items 2048] [--parent-pid PID]
+
+The API key comes in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the worker
+answers anyone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+PROG = "python -m workers.transformers"
+API_KEY_ENV = "WORKER_API_KEY"
+TASKS = ("embedding", "rerank")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    model: str
+    task: str
+    port: int
+    host: str = "127.0.0.1"
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 32
+    max_batch_wait_ms: float = 5.0
+    max_items: int = 2048  # texts (or documents) in one request
+    parent_pid: int | None = None
+    api_key: str | None = None
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerOptions:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--dtype", default="auto",
+                        choices=("auto", "float16", "bfloat16", "float32"))
+    parser.add_argument("--batch-size", type=_positive(int), default=32)
+    parser.add_argument("--max-batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--max-items", type=_positive(int), default=2048)
+    parser.add_argument("--parent-pid", type=int)
+    args = parser.parse_args(argv)
+    if args.max_batch_wait_ms < 0:
+        parser.error("--max-batch-wait-ms: must be 0 or more")
+    return WorkerOptions(model=args.model, task=args.task, port=args.port, host=args.host,
+                         device=args.device, dtype=args.dtype, batch_size=args.batch_size,
+                         max_batch_wait_ms=args.max_batch_wait_ms, max_items=args.max_items,
+                         parent_pid=args.parent_pid,
+                         api_key=os.environ.get(API_KEY_ENV) or None)
