@@ -15,11 +15,12 @@ import httpx
 import orjson
 
 from ..catalog import CatalogEntry
-from ..errors import LoadFailed, ModelBossError, UpstreamError, WorkerCrashed
+from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
 from .process import WorkerProcess
 from .upstream import UpstreamClient, UpstreamTransportError
+from .worker_errors import upstream_error
 
 _JSON = {"content-type": "application/json"}
 # how often a starting worker is asked whether it is up: a loopback call costs about a
@@ -275,6 +276,29 @@ class HttpWorkerBackend:
     async def report(self) -> dict[str, Any]:
         return {}
 
+    async def control(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A POST to the worker's own control routes (offload, onload, cancel), errors mapped."""
+        if self._client is None:
+            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
+        try:
+            response = await self._client.post(path, json=body,
+                                               timeout=self.settings.request_timeout_s)
+        except httpx.TransportError as exc:
+            raise await self.crashed(exc) from exc
+        if response.status_code >= 400:
+            raise upstream_error(self.manifest.id, response.status_code, response.content)
+        return response.json()
+
+    async def worker_report(self, path: str = "/health", timeout_s: float = 5) -> dict[str, Any]:
+        """A worker's report; {} when it cannot say (not running, busy, gone)."""
+        if self._client is None:
+            return {}
+        try:
+            response = await self._client.get(path, timeout=timeout_s)
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}
+
 
 async def forward(client: UpstreamClient, path: str, content: bytes, headers: dict[str, str],
                   stream: bool, model_id: str,
@@ -301,62 +325,6 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
             raise await transport_error(exc) from exc
 
     return UpstreamResponse(reply.status, kind, stream=relay())
-
-
-_ENVELOPE_FIELDS = {"message", "type", "code", "param"}
-_CODES = {"exceed_context_size_error": "context_length_exceeded"}
-# types that say "the server failed": a 4xx keeps OpenAI's client type instead
-_NOT_CLIENT_TYPES = {"server_error", "api_error", "internal_error", "unavailable_error"}
-
-
-def upstream_error(model_id: str, status: int, raw: bytes, *,
-                   our_secret: bool = True) -> UpstreamError:
-    """Map a worker's error answer into our envelope. What the request got wrong keeps a 4xx
-    the client can act on: the worker's own 4xx, a 501 (the model cannot do this), and a 5xx
-    whose message says the request was wrong (llama.cpp answers some of those 500). The
-    worker refusing model-boss's key (401/403) and every other 5xx are the server's failure:
-    502. A cloud remote (``our_secret=False``: the key is the operator's, not a per-worker
-    secret) keeps its 401/403. ``serve()`` redacts the message (no traceback, path or
-    address)."""
-    message, code, param = raw.decode(errors="replace")[:500], None, None
-    kind: str | None = None
-    details: dict[str, Any] = {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        message = str(err.get("message") or message)
-        code = err.get("code") if isinstance(err.get("code"), str) else None
-        param = err.get("param") if isinstance(err.get("param"), str) else None
-        kind = err.get("type") if isinstance(err.get("type"), str) else None
-        # numbers the worker adds (llama.cpp: n_prompt_tokens and n_ctx of a prompt too long)
-        details = {k: v for k, v in err.items() if k not in _ENVELOPE_FIELDS
-                   and isinstance(v, int | float) and not isinstance(v, bool)}
-    elif isinstance(err, str):
-        message = err
-    elif isinstance(data, dict) and data.get("detail"):
-        message = str(data["detail"])
-    message = message[:1000]
-    if status in (401, 403) and our_secret:
-        return UpstreamError(f"worker for '{model_id}' refused the coordinator's credentials "
-                             f"({status})")
-    # 5xx messages of llama.cpp's server that are about the request, not the worker
-    request_faults = ("failed to parse", "not supported", "unsupported", "expected '",
-                      "must be", "json schema")
-    lowered = message.lower()
-    if status == 501 or (status >= 500 and any(h in lowered for h in request_faults)):
-        status, code = 400, code or ("unsupported_request" if status == 501 else None)
-    if 400 <= status < 500:
-        error = UpstreamError(f"{model_id}: {message}", status_code=status, param=param,
-                              code=code or _CODES.get(kind or "", "invalid_request"))
-        # the worker's own type where it names one (llama.cpp's exceed_context_size_error)
-        error.error_type = "rate_limit_error" if status == 429 else (
-            kind if kind and kind not in _NOT_CLIENT_TYPES else "invalid_request_error")
-        error.details = details
-        return error
-    return UpstreamError(f"worker for '{model_id}' answered {status}: {message}")
 
 
 def pid_alive(pid: int) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from ..errors import BadRequest, LoadFailed, WorkerCrashed
+from ..errors import BadRequest, LoadFailed
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse, upstream_error
 from .spare import DIFFUSERS, Spare, SpareWorkers
@@ -114,7 +114,7 @@ class DiffusersBackend(HttpWorkerBackend):
         except asyncio.CancelledError:
             # the caller went away (client disconnect, job cancelled): stop denoising too;
             # by id, so a cancel that overtakes its generation still stops it, and only it
-            task = asyncio.create_task(self._post("/cancel", {"request_id": request_id}))
+            task = asyncio.create_task(self.control("/cancel", {"request_id": request_id}))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
             raise
@@ -127,36 +127,14 @@ class DiffusersBackend(HttpWorkerBackend):
         return UpstreamResponse(200, {"content-type": "application/json"},
                                 body=orjson.dumps(out))
 
-    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        if self._client is None:
-            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
-        try:
-            response = await self._client.post(path, json=body,
-                                               timeout=self.settings.request_timeout_s)
-        except httpx.TransportError as exc:
-            raise await self.crashed(exc) from exc
-        if response.status_code >= 400:
-            raise upstream_error(self.manifest.id, response.status_code, response.content)
-        return response.json()
-
     async def offload(self) -> dict[str, Any]:
-        return await self._post("/offload")
+        return await self.control("/offload")
 
     async def onload(self) -> dict[str, Any]:
-        return await self._post("/onload")
+        return await self.control("/onload")
 
     async def report(self) -> dict[str, Any]:
-        return await self._get("/health", timeout_s=5)
+        return await self.worker_report("/health", timeout_s=5)
 
     async def progress(self) -> dict[str, Any]:
-        return await self._get("/progress", timeout_s=2)
-
-    async def _get(self, path: str, timeout_s: float) -> dict[str, Any]:
-        """A worker report; {} when the worker cannot say (not running, busy, gone)."""
-        if self._client is None:
-            return {}
-        try:
-            response = await self._client.get(path, timeout=timeout_s)
-        except httpx.HTTPError:
-            return {}
-        return response.json() if response.status_code == 200 else {}
+        return await self.worker_report("/progress", timeout_s=2)

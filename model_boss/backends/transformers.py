@@ -7,12 +7,10 @@ import os
 import sys
 from typing import Any
 
-import httpx
-
 from ..catalog.manifest import Category, ModelManifest
-from ..errors import BadRequest, WorkerCrashed
+from ..errors import BadRequest
 from ..gpu.placement import Placement
-from .base import HttpWorkerBackend, UpstreamResponse, upstream_error
+from .base import HttpWorkerBackend, UpstreamResponse
 
 # what each kind answers: the coordinator's endpoint → the worker's path
 SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
@@ -56,28 +54,11 @@ class TransformersBackend(HttpWorkerBackend):
         return await self.proxy("POST", served[endpoint], {**body, "model": self.manifest.id},
                                 stream=False)
 
-    async def _post(self, path: str) -> dict[str, Any]:
-        if self._client is None:
-            raise WorkerCrashed(f"worker for '{self.manifest.id}' is not running")
-        try:
-            response = await self._client.post(path, timeout=self.settings.request_timeout_s)
-        except httpx.TransportError as exc:
-            raise await self.crashed(exc) from exc
-        if response.status_code >= 400:
-            raise upstream_error(self.manifest.id, response.status_code, response.content)
-        return response.json()
-
     async def offload(self) -> dict[str, Any]:
-        return await self._post("/offload")
+        return await self.control("/offload")
 
     async def onload(self) -> dict[str, Any]:
-        return await self._post("/onload")
+        return await self.control("/onload")
 
     async def report(self) -> dict[str, Any]:
-        if self._client is None:
-            return {}
-        try:
-            response = await self._client.get("/health", timeout=5)
-        except httpx.HTTPError:
-            return {}
-        return response.json() if response.status_code == 200 else {}
+        return await self.worker_report("/health")

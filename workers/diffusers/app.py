@@ -21,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
+from ..auth import require_key
 from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
@@ -58,16 +58,7 @@ def create_app(holder: PipelineHolder, generator: Generator,
 
     app = FastAPI(title="diffusers worker", lifespan=lifespan)
 
-    if api_key:
-        expected = f"Bearer {api_key}".encode()
-
-        @app.middleware("http")
-        async def _authorize(request: Request,
-                             call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):
-                return _error(Unauthorized("missing or wrong API key"))
-            return await call_next(request)
+    require_key(app, api_key, lambda: _error(Unauthorized("missing or wrong API key")))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

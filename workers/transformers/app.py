@@ -17,18 +17,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import secrets
 import struct
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from ..auth import require_key
 from .batcher import Batcher
 from .engine import Engine, NotLoaded
 
@@ -88,16 +88,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
 
     app = FastAPI(title="transformers worker", lifespan=lifespan)
 
-    if api_key:
-        expected = f"Bearer {api_key}".encode()
-
-        @app.middleware("http")
-        async def _authorize(request: Request,
-                             call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):
-                return WorkerError(401, "missing or wrong API key", "invalid_api_key").response()
-            return await call_next(request)
+    require_key(app, api_key,
+                lambda: WorkerError(401, "missing or wrong API key", "invalid_api_key").response())
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
