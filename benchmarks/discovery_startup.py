@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, print_sides  # noqa: E402
+from benchmarks.harness import BenchServer, print_sides
 
 
 def write_model(path: Path, vocab: int) -> None:

@@ -161,9 +161,12 @@ class ModelManifest(BaseModel):
 
     @property
     def concurrency(self) -> int:
-        """Requests one slot takes at once: ``parallel``, else 1 (256 for cloud remotes)."""
+        """Requests one slot takes at once: ``parallel``, else 1 (256 for cloud remotes; a
+        transformers model: its ``batch_size``, so concurrent requests reach its batcher)."""
         if self.parallel is not None:
             return self.parallel
+        if self.backend == BackendKind.TRANSFORMERS:
+            return self.batch_size
         return 256 if self.backend == BackendKind.CLOUD else 1
 
     @property

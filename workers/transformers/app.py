@@ -131,11 +131,11 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         if body.dimensions is not None and body.dimensions > (engine.dimensions or 0):
             raise WorkerError(400, f"dimensions: at most {engine.dimensions} for this model",
                               "invalid_value", "dimensions")
-        vectors = await batcher.submit(texts)
-        tokens = engine.count_tokens(texts)
+        embedded = await batcher.submit(texts)
+        tokens = sum(n for _, n in embedded)
         data = [{"object": "embedding", "index": i,
                  "embedding": _encode(_shorten(v, body.dimensions), body.encoding_format)}
-                for i, v in enumerate(vectors)]
+                for i, (v, _) in enumerate(embedded)]
         return {"object": "list", "data": data, "model": body.model or "",
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
@@ -145,12 +145,13 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         if len(documents) > options.max_items:
             raise WorkerError(400, f"documents: at most {options.max_items}", "invalid_value",
                               "documents")
-        scores = await batcher.submit([(body.query, d) for d in documents])
+        scored = await batcher.submit([(body.query, d) for d in documents])
+        scores = [score for score, _ in scored]
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:body.top_n]
         results = [{"index": i, "relevance_score": scores[i],
                     **({"document": {"text": documents[i]}} if body.return_documents else {})}
                    for i in order]
-        tokens = engine.count_tokens([f"{body.query} {d}" for d in documents])
+        tokens = sum(n for _, n in scored)
         return {"id": f"rerank-{uuid.uuid4().hex[:16]}", "model": body.model or "",
                 "results": results,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -61,24 +61,32 @@ class Engine:
     def tokenizer(self) -> Any:
         return self.model.tokenizer
 
-    def count_tokens(self, texts: list[str]) -> int:
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_tokens)
-        return sum(len(ids) for ids in encoded["input_ids"])
+    def _lengths(self, texts: list[str] | list[tuple[str, str]]) -> list[int]:
+        if texts and isinstance(texts[0], tuple):
+            encoded = self.tokenizer([q for q, _ in texts], [d for _, d in texts],
+                                     truncation=True, max_length=self.max_tokens)
+        else:
+            encoded = self.tokenizer(texts, truncation=True, max_length=self.max_tokens)
+        return [len(ids) for ids in encoded["input_ids"]]
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
+    def embed(self, texts: list[str]) -> list[tuple[list[float], int]]:
+        """Each text's vector and its token count, for one batch."""
         with self._lock:
             self._ready()
             vectors = self.model.encode(texts, batch_size=self.options.batch_size,
                                         convert_to_numpy=True, normalize_embeddings=False,
                                         show_progress_bar=False)
-        return [v.astype("float32").tolist() for v in vectors]
+            lengths = self._lengths(texts)
+        return [(v.astype("float32").tolist(), n) for v, n in zip(vectors, lengths, strict=True)]
 
-    def rerank(self, pairs: list[tuple[str, str]]) -> list[float]:
+    def rerank(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]:
+        """Each (query, document) pair's score and its token count, for one batch."""
         with self._lock:
             self._ready()
             scores = self.model.predict(pairs, batch_size=self.options.batch_size,
                                         show_progress_bar=False, convert_to_numpy=True)
-        return [float(s) for s in scores]
+            lengths = self._lengths(pairs)
+        return [(float(s), n) for s, n in zip(scores, lengths, strict=True)]
 
     def offload(self) -> dict[str, Any]:
         return self._move("cpu", "ready", "offloaded")

@@ -1,0 +1,97 @@
+"""32 clients each embedding one sentence through model-boss, next to the same model's
+``encode()`` on the same 32 sentences in one process (the baseline).
+
+Builds a MiniLM-sized embedder with random weights (BERT, 6 layers, hidden 384, mean pooling;
+sentence-transformers folder), serves it with ``backend: transformers`` (dynamic batching:
+``batch_size`` 32, ``max_batch_wait_ms`` 5 or ``--wait-ms``) and, in turns: the baseline
+encodes the 32 sentences in one call; model-boss gets them as 32 concurrent requests of one
+sentence each.
+Prints one table of medians (sentences per second) and the ratio, and the worker's batches.
+
+    .venv/bin/python benchmarks/embeddings_batching.py [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.harness import BenchServer, print_sides
+from tests.conftest import worker_health
+from tests.transformers_fixtures import WORDS, build_embedder
+
+CLIENTS = 32
+
+
+def sentences(round_: int) -> list[str]:
+    return [" ".join(WORDS[(round_ * 7 + i * 3 + j) % len(WORDS)] for j in range(12))
+            for i in range(CLIENTS)]
+
+
+async def through(url: str, texts: list[str]) -> float:
+    async with httpx.AsyncClient(timeout=120) as client:
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(
+            client.post(url + "/v1/embeddings", json={"model": "mini", "input": text})
+            for text in texts))
+        took = time.perf_counter() - started
+    for answer in answers:
+        answer.raise_for_status()
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--wait-ms", type=float, default=5.0,
+                        help="the model's max_batch_wait_ms (its default: 5)")
+    args = parser.parse_args()
+    from sentence_transformers import SentenceTransformer
+
+    root = Path(tempfile.mkdtemp(prefix="embed-bench-"))
+    model_dir = build_embedder(root / "mini", hidden=384, layers=6)
+    direct = SentenceTransformer(str(model_dir), device="cpu")
+    server = BenchServer(root / "server", {
+        "gpus": [{"index": 0, "name": "sim", "vram_mb": 8192}], "use_nvml": False},
+        [{"id": "mini", "backend": "transformers", "category": "embedding",
+          "path": str(model_dir), "vram_mb": 500, "batch_size": CLIENTS,
+          "max_batch_wait_ms": args.wait_ms}])
+    server.start(timeout=60)
+    try:
+        asyncio.run(through(server.url, sentences(0)))  # load and warm
+        direct.encode(sentences(0), batch_size=CLIENTS)
+        baseline, via = [], []
+        for round_ in range(1, args.rounds + 1):
+            texts = sentences(round_)
+            started = time.perf_counter()
+            direct.encode(texts, batch_size=CLIENTS, show_progress_bar=False)
+            baseline.append(CLIENTS / (time.perf_counter() - started))
+            via.append(CLIENTS / asyncio.run(through(server.url, texts)))
+        slot = next(s for s in server.status()["slots"] if s["model"] == "mini")
+        health = worker_health(slot)
+    finally:
+        server.stop()
+    base, served = statistics.median(baseline), statistics.median(via)
+    print(f"\n{CLIENTS} single-sentence embedding requests at once vs one encode() of the "
+          f"{CLIENTS} sentences; MiniLM-sized random BERT (6 layers, hidden 384), CPU, "
+          f"median of {args.rounds} rounds in turns\n")
+    print("| side | sentences/s | x baseline |")
+    print("|---|---:|---:|")
+    print(f"| encode() in one process (baseline) | {base:.0f} | 1.00× |")
+    print(f"| model-boss, {CLIENTS} concurrent requests | {served:.0f} | {served / base:.2f}× |")
+    print(f"\nworker batches: {health.get('batches')}, largest {health.get('largest_batch')}")
+    print_sides({"baseline": {"device": "cpu", "batch_size": CLIENTS},
+                 "model-boss": {"device": "cpu (declared GPU)", "batch_size": CLIENTS,
+                                "max_batch_wait_ms": args.wait_ms}})
+
+
+if __name__ == "__main__":
+    main()
