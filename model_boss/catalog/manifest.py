@@ -170,6 +170,15 @@ class ModelManifest(BaseModel):
         return 256 if self.backend == BackendKind.CLOUD else 1
 
     @property
+    def sees_images(self) -> bool:
+        """Image content can reach the model: a vision projector (``mmproj``, or ``--mmproj``
+        in its args), ``category: vision``, or a worker that decides for itself (cloud,
+        command)."""
+        if self.backend in (BackendKind.CLOUD, BackendKind.COMMAND):
+            return True
+        return bool(self.mmproj) or self.category == Category.VISION or "--mmproj" in self.args
+
+    @property
     def names(self) -> list[str]:
         return [self.id, *self.aliases]
 

@@ -109,7 +109,8 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
                                        param="model")
             continue
         manifest = found.manifest
-        refusal = _wrong_kind(manifest, endpoint) or _too_many_choices(manifest, endpoint, body)
+        refusal = _wrong_kind(manifest, endpoint) or _blind(manifest, endpoint, body) \
+            or _too_many_choices(manifest, endpoint, body)
         if refusal is not None:  # a rung that cannot give what was asked is passed over
             last_error = refusal
             continue
@@ -173,6 +174,26 @@ def _wrong_kind(manifest: ModelManifest, endpoint: str) -> BadRequest | None:
     return BadRequest(f"'{manifest.id}' is a model of kind '{manifest.category}'; it serves "
                       f"{', '.join(endpoints) or 'nothing'}, not {endpoint}", param="model",
                       code="unsupported_endpoint")
+
+
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})  # OpenAI, Responses, Anthropic
+
+
+def _blind(manifest: ModelManifest, endpoint: str, body: dict[str, Any]) -> BadRequest | None:
+    """Image content for a model with no vision projector: a clear 400 (llama.cpp's server
+    would fail it only after the load)."""
+    if manifest.sees_images or endpoint not in (CHAT, "/v1/messages", "/v1/responses"):
+        return None
+    messages = body.get("messages") or body.get("input")
+    for position, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(isinstance(part, dict) and part.get("type")
+                                             in IMAGE_PARTS for part in content):
+            return BadRequest(f"'{manifest.id}' cannot read images: it has no vision "
+                              "projector (a manifest's mmproj, or an mmproj*.gguf beside a "
+                              "discovered file)", param=f"messages.{position}.content",
+                              code="images_not_supported")
+    return None
 
 
 def _too_many_choices(manifest: ModelManifest, endpoint: str,

@@ -142,6 +142,14 @@ def test_manifest_validates_the_new_fields():
         load_settings(llama_worker="python")
 
 
+def test_a_projector_is_passed_beside_the_model():
+    assert flags_of(backend(mmproj="mmproj-f16.gguf").server_flags(1, None))["--mmproj"] == \
+        "/models/mmproj-f16.gguf"  # relative: beside the model file
+    assert flags_of(backend(mmproj="/p/x.gguf").server_flags(1, None))["--mmproj"] == \
+        "/p/x.gguf"
+    assert "--mmproj" not in flags_of(backend().server_flags(1, None))
+
+
 def test_native_worker_options_become_common_params():
     xllamacpp = pytest.importorskip("xllamacpp")
     from workers.llama import parse_args, to_params
@@ -151,8 +159,10 @@ def test_native_worker_options_become_common_params():
                           "--main-gpu", "1", "--threads", "3", "--parallel", "4",
                           "--chat-template", "chatml", "--flash-attn", "on",
                           "--cache-type-k", "q8_0", "--cache-type-v", "q4_0", "--reranking",
-                          "--alias", "m", "--metrics", "--api-key", "k"])
+                          "--alias", "m", "--metrics", "--api-key", "k",
+                          "--mmproj", "/models/mmproj-f16.gguf"])
     p = to_params(options)
+    assert p.mmproj.path == "/models/mmproj-f16.gguf"
     assert (p.model.path, p.port, p.hostnames) == ("m.gguf", 9, ["127.0.0.1"])
     assert (p.n_ctx, p.n_gpu_layers, p.main_gpu, p.n_parallel) == (4096, 12, 1, 4)
     assert p.tensor_split[:3] == [0.25, 0.75, 0.0]

@@ -45,6 +45,7 @@ class WorkerOptions:
     embeddings: bool = False
     pooling: str | None = None  # None: the model's own
     reranking: bool = False
+    mmproj: str | None = None  # a vision projector GGUF
     alias: str | None = None
     metrics: bool = False
     api_key: str | None = None
@@ -79,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("--embeddings", "--embedding", action="store_true")
     parser.add_argument("--pooling", choices=POOLING, default=None)
     parser.add_argument("--reranking", "--rerank", action="store_true")
+    parser.add_argument("-mm", "--mmproj", default=None, help="a vision projector GGUF")
     parser.add_argument("-a", "--alias", default=None)
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
@@ -97,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v, embeddings=args.embeddings, pooling=args.pooling,
-        reranking=args.reranking,
+        reranking=args.reranking, mmproj=args.mmproj,
         alias=args.alias, metrics=args.metrics,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         parent_pid=args.parent_pid, fit_only=args.fit_only)
@@ -133,6 +135,8 @@ def to_params(options: WorkerOptions) -> Any:
         "auto": xl.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_AUTO}[options.flash_attn]
     p.cache_type_k = getattr(xl.ggml_type, f"GGML_TYPE_{options.cache_type_k.upper()}")
     p.cache_type_v = getattr(xl.ggml_type, f"GGML_TYPE_{options.cache_type_v.upper()}")
+    if options.mmproj:
+        p.mmproj.path = options.mmproj
     if options.embeddings or options.reranking:
         p.embedding = True
     pooling = "rank" if options.reranking else options.pooling

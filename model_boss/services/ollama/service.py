@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ...catalog import CatalogEntry, Category
+from ...catalog import CatalogEntry
 from ...catalog.tasks import task_name
 from ...errors import BadRequest
 from ..extensions import Extensions, pop_extensions
@@ -93,7 +93,7 @@ def _worker_params(request: Any, entries: list[CatalogEntry]) -> dict[str, Any]:
 
 
 def _vision(entries: list[CatalogEntry]) -> bool:
-    return all(e.manifest.category == Category.VISION for e in entries)
+    return all(e.manifest.sees_images for e in entries)
 
 
 def _think(ext: Extensions, think: bool | str | None) -> None:

@@ -159,8 +159,8 @@ def openai_messages(messages: Iterable[OllamaMessage], *, vision: bool,
 
 
 def no_vision(model_id: str, param: str) -> BadRequest:
-    return BadRequest(f"'{model_id}' cannot read images: only a manifest with category "
-                      "'vision' (llama-server with --mmproj in its args) takes them",
+    return BadRequest(f"'{model_id}' cannot read images: it has no vision projector "
+                      "(a manifest's mmproj, or an mmproj*.gguf beside a discovered file)",
                       param=param, code="images_not_supported")
 
 
