@@ -22,22 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BenchServer, print_sides
-
-
-def write_model(path: Path, vocab: int) -> None:
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(8192)
-    writer.add_block_count(30)
-    writer.add_token_list([f"token-{i}" for i in range(vocab)])
-    writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
-    writer.add_tensor("token_embd.weight", np.zeros((8, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+from tests.gguf_fixtures import write_gguf
 
 
 def start_seconds(workdir: Path, models: Path, expected: int) -> float:
@@ -71,7 +56,8 @@ def main() -> None:
     for i in range(args.files):
         folder = full / f"org-{i % 20}"
         folder.mkdir(exist_ok=True)
-        write_model(folder / f"model-{i:03}-Q4_K_M.gguf", args.vocab)
+        write_gguf(folder / f"model-{i:03}-Q4_K_M.gguf", context=8192, vocab=args.vocab,
+                   blocks=30)
     size_mb = sum(p.stat().st_size for p in full.rglob("*.gguf")) / 2**20
     scans, baseline, with_files = [], [], []
     for round_ in range(args.rounds):

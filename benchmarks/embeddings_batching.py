@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -88,8 +89,12 @@ def main() -> None:
     print(f"| encode() in one process (baseline) | {base:.0f} | 1.00× |")
     print(f"| model-boss, {CLIENTS} concurrent requests | {served:.0f} | {served / base:.2f}× |")
     print(f"\nworker batches: {health.get('batches')}, largest {health.get('largest_batch')}")
-    print_sides({"baseline": {"device": "cpu", "batch_size": CLIENTS},
-                 "model-boss": {"device": "cpu (declared GPU)", "batch_size": CLIENTS,
+    import torch
+
+    threads = {"torch_threads": torch.get_num_threads(),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}
+    print_sides({"baseline": {"device": "cpu", "batch_size": CLIENTS, **threads},
+                 "model-boss": {"device": "cpu (declared GPU)", "batch_size": CLIENTS, **threads,
                                 "max_batch_wait_ms": args.wait_ms}})
 
 

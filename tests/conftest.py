@@ -16,10 +16,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-# torch (the diffusers workers, the fixtures that build tiny models) runs one thread per
-# process in the suite: two test processes share two cores, and torch's OpenMP threads spinning
-# against a busy neighbour made a 5-second diffusion test take 33 s. Workers inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 MODELS_DIR = Path(os.environ.get("MODEL_BOSS_MODELS_DIR",
                                  "~/.cache/model-boss/models")).expanduser()
 DEMO_GGUF = MODELS_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -296,6 +292,15 @@ LONGEST_FIRST = ("e2e/test_diffusion.py", "e2e/test_cluster_e2e.py", "unit/test_
 def _file_rank(item) -> int:
     path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
     return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_configure(config):
+    """torch (the diffusers and transformers workers, the fixtures that build tiny models)
+    runs one thread per process in the suite: two test processes share two cores, and torch's
+    OpenMP threads spinning against a busy neighbour made a 5-second diffusion test take 33 s.
+    Workers inherit it. A hook, not an import-time setting: benchmarks import this module and
+    keep torch's own thread count."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

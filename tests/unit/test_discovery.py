@@ -6,33 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
 from model_boss.catalog import Catalog, build_catalog, diff_catalogs
 from model_boss.catalog.discovery import PULLS_FILE, scan
 from model_boss.catalog.gguf_header import read_metadata
 from model_boss.settings import Settings
-
-
-def write_gguf(path: Path, arch: str = "llama", context: int = 8192,
-               pooling: int | None = None, vocab: int = 50) -> Path:
-    """A small real GGUF: the model's keys, a vocabulary after them, one tensor."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(context)
-    writer.add_block_count(1)
-    if pooling is not None:
-        writer.add_pooling_type(gguf.PoolingType(pooling))
-    writer.add_token_list([f"t{i}" for i in range(vocab)])
-    writer.add_chat_template("{{ messages }}")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from tests.gguf_fixtures import write_gguf
 
 
 def settings(tmp_path: Path, **extra) -> Settings:
