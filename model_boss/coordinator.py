@@ -211,6 +211,7 @@ class Coordinator:
         models' estimates are read off the event loop."""
         answer = await self.live.reload(trigger)
         if answer["added"] or answer["changed"]:
+            self._loops = [t for t in self._loops if not t.done()]  # many reloads, few loops
             self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
                                                    name="metadata"))
         return answer

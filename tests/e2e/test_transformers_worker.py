@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import signal
 import struct
 
 import httpx
@@ -141,3 +143,21 @@ def test_bad_input_is_a_4xx_in_the_openai_envelope(server, path, body, words):
     assert words in error["message"] and set(error) >= {"message", "type", "code"}, error
     wait_for(lambda: all(s["state"] in ("idle", "ready", "offloaded")
                          for s in server.status()["slots"]), timeout=30)
+
+
+def test_unknown_model_and_a_killed_worker(server):
+    missing = httpx.post(server.url + "/v1/rerank", timeout=30, json={
+        "model": "nope", "query": "q", "documents": ["d"]})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    httpx.post(server.url + "/v1/embeddings", json={"model": "embed", "input": "x"},
+               timeout=60).raise_for_status()
+    pid = slot(server, "embed")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    # the crash is noticed (the slot leaves READY, its lease goes) and the next request
+    # loads a new worker
+    wait_for(lambda: slot(server, "embed")["state"] != "ready", timeout=15,
+             what=lambda: slot(server, "embed"))
+    again = httpx.post(server.url + "/v1/embeddings", json={"model": "embed", "input": "x"},
+                       timeout=60)
+    assert again.status_code == 200, again.text
+    assert slot(server, "embed")["pid"] not in (None, pid)
