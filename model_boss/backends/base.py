@@ -323,6 +323,8 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
                 yield chunk
         except UpstreamTransportError as exc:
             raise await transport_error(exc) from exc
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     return UpstreamResponse(reply.status, kind, stream=relay())
 

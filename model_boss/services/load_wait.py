@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .extensions import Extensions
 from .served import MODEL_HEADER, Adapter, Served, openai_stream_end
-from .serving import serve
+from .serving import discard, serve
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -80,7 +80,7 @@ def _never_streamed(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queu
     if not work.done():
         work.cancel()  # leaves the queue; an answer not yet begun is never asked for
     elif not work.cancelled() and work.exception() is None and work.result().chunks:
-        coord.pool.spawn(_discard(work.result().chunks))
+        coord.pool.spawn(discard(work.result().chunks))
 
 
 def loading_line(coord: Coordinator, request_id: str) -> tuple[str | None, bytes | None]:
@@ -137,7 +137,7 @@ async def _comments_then(coord: Coordinator, work: asyncio.Future, feed: asyncio
                 and work.exception() is None:
             served = work.result()  # answered as the client went: release its slot
         if served is not None and served.chunks is not None:
-            await _discard(served.chunks)
+            await discard(served.chunks)
 
 
 async def _next_news(work: asyncio.Future, feed: asyncio.Queue,
@@ -150,15 +150,6 @@ async def _next_news(work: asyncio.Future, feed: asyncio.Queue,
     finally:
         news.cancel()
     return news.result() if news in done else None
-
-
-async def _discard(chunks: AsyncIterator[bytes]) -> None:
-    """Close a stream nobody reads; a relay runs (and so releases its slot) only once started,
-    so it is started first."""
-    with contextlib.suppress(BaseException):
-        await chunks.__anext__()
-    with contextlib.suppress(BaseException):
-        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 async def _cancel(work: asyncio.Future) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -263,9 +264,35 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         return Served(upstream.status, headers,
                       upstream.headers.get("content-type", "application/json"), body=answer)
     chunks = call.chunks(upstream.stream) if call.chunks else upstream.stream
-    return Served(upstream.status, headers, "text/event-stream",
-                  chunks=relay(chunks, ticket, manifest.id,
-                               adapter.stream_end if adapter else openai_stream_end))
+    relayed = relay(chunks, ticket, manifest.id,
+                    adapter.stream_end if adapter else openai_stream_end)
+    # a stream the server never starts (the client went as the answer began) runs no clean-up
+    # of its own: its slot is given back when it is collected
+    weakref.finalize(relayed, _never_started, coord, chunks, ticket).atexit = False
+    return Served(upstream.status, headers, "text/event-stream", chunks=relayed)
+
+
+def _never_started(coord: Coordinator, chunks: AsyncIterator[bytes],
+                   ticket: SlotTicket) -> None:
+    """A relay collected before it ran: close its upstream, then give its slot back."""
+    async def close() -> None:
+        try:
+            await discard(chunks)
+        finally:
+            ticket.release(ok=False, client_fault=True)
+    try:
+        coord.pool.spawn(close())
+    except RuntimeError:  # no running loop (shutting down): the slot goes with it
+        ticket.release(ok=False, client_fault=True)
+
+
+async def discard(chunks: AsyncIterator[bytes]) -> None:
+    """Close a stream nobody reads. A generator's clean-up runs only once it has started,
+    so it is started first."""
+    with contextlib.suppress(BaseException):
+        await chunks.__anext__()
+    with contextlib.suppress(BaseException):
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _client_fault(exc: BaseException) -> bool:
@@ -294,6 +321,8 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
             log.exception("stream from %s failed", model_id)
         yield end(exc)
     finally:
-        with contextlib.suppress(Exception):
-            await chunks.aclose()  # type: ignore[attr-defined]
-        ticket.release(ok=ok, client_fault=gone)
+        try:
+            with contextlib.suppress(Exception):
+                await chunks.aclose()  # type: ignore[attr-defined]
+        finally:  # even when the close itself is cancelled
+            ticket.release(ok=ok, client_fault=gone)

@@ -115,6 +115,17 @@ def test_slots_of_a_model_not_loaded_is_a_409(server: ServerProcess) -> None:
     assert answer.status_code == 409 and "not loaded" in answer.json()["error"]["message"]
 
 
+def answered(sock: socket.socket) -> bytes:
+    """What the server has written back so far (for a failure's message)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096)
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.setblocking(True)
+
+
 LONG = {"n_predict": 1500, "max_tokens": 1500, "ignore_eos": True}
 
 
@@ -127,7 +138,8 @@ LONG = {"n_predict": 1500, "max_tokens": 1500, "ignore_eos": True}
 ])
 def test_a_client_that_goes_away_frees_its_slot(server: ServerProcess, path: str,
                                                 body: dict) -> None:
-    slots(server)  # loaded, idle
+    assert server.client().post("/api/v1/models/smol/load").status_code == 200
+    wait_for(lambda: not any(s["is_processing"] for s in slots(server)), timeout=10)  # idle
     payload = orjson.dumps({"model": "smol", **LONG, **body})
     if path.startswith("/api/"):
         payload = orjson.dumps({"model": "smol", **body})
@@ -136,7 +148,8 @@ def test_a_client_that_goes_away_frees_its_slot(server: ServerProcess, path: str
                  f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
                  .encode() + payload)
     wait_for(lambda: any(s["is_processing"] for s in slots(server)), timeout=60,
-             what=lambda: slots(server))
+             what=lambda: (answered(sock), server.client().get("/api/v1/models/smol/status").json(),
+                           server.client().get("/api/v1/queue").json(), slots(server)))
     time.sleep(0.5)  # generating
     sock.close()
     gone = time.monotonic()

@@ -24,8 +24,10 @@ class FakeBackend:
     can_offload = False
 
     def __init__(self, entry, settings, log: list, load_s: float = 0.0,
-                 fail: Exception | None = None, gate: asyncio.Event | None = None) -> None:
+                 fail: Exception | None = None, gate: asyncio.Event | None = None,
+                 streams: bool = False) -> None:
         self.entry = entry
+        self.streams = streams  # answer ``stream: true`` with a stream (else a whole body)
         self.log = log
         self.load_s = load_s
         self.fail = fail
@@ -55,8 +57,19 @@ class FakeBackend:
         if self.gate is not None:
             await self.gate.wait()
         self.log.append(("request", self.entry.manifest.id, body.get("tag")))
+        if stream and self.streams:
+            return UpstreamResponse(200, {"content-type": "text/event-stream"},
+                                    stream=self._chunks(body.get("tag")))
         return UpstreamResponse(200, {"content-type": "application/json"},
                                 body=b'{"ok": true}')
+
+    async def _chunks(self, tag: Any) -> AsyncIterator[bytes]:
+        try:
+            for n in range(1000):
+                yield b"data: %d\n\n" % n
+                await asyncio.sleep(0.01)
+        finally:
+            self.log.append(("closed", self.entry.manifest.id, tag))
 
     async def offload(self):
         return {}

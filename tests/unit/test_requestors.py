@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from model_boss.errors import ModelUnavailable
@@ -134,3 +136,62 @@ async def test_a_worker_that_breaks_a_stream_is_a_failure_of_the_model():
     out = [chunk async for chunk in relay(chunks(), ticket, "a")]  # type: ignore[arg-type]
     assert out[-1].startswith(b'data: {"error"') and out[-1].endswith(b"data: [DONE]\n\n")
     assert ticket.released == [{"ok": False, "client_fault": False}]
+
+
+async def test_a_stream_whose_close_is_cancelled_still_gives_its_slot_back():
+    from model_boss.services.serving import relay
+
+    class Slow:
+        """An upstream whose close is slow (a worker that takes its time to hang up)."""
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self) -> bytes:
+            return b"data: 0\n\n"
+
+        async def aclose(self) -> None:
+            await asyncio.sleep(30)
+
+    ticket = Ticket()
+    stream = relay(Slow(), ticket, "a")  # type: ignore[arg-type]
+    await stream.__anext__()
+    closing = asyncio.create_task(stream.aclose())  # the client went away ...
+    await asyncio.sleep(0.05)
+    closing.cancel()  # ... and its request's task was cancelled while the relay closed
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert ticket.released == [{"ok": False, "client_fault": True}]
+
+
+@pytest.mark.parametrize("started", [False, True])
+async def test_a_stream_dropped_unread_gives_its_slot_back(tmp_path, started: bool):
+    """The client goes as the answer begins: the server drops the stream without reading it
+    (or after one chunk, without closing it). The slot is free again and the worker's stream
+    is closed, so the next request runs."""
+    import gc
+
+    from model_boss.services.extensions import Extensions
+    from model_boss.services.serving import serve
+
+    coord, log = coordinator(tmp_path, [manifest("a")], backend_kwargs={"streams": True})
+    await coord.start()
+    try:
+        body = {"model": "a", "stream": True, "messages": [], "tag": "dropped"}
+        served = await serve(coord, "/v1/chat/completions", body, Extensions())
+        assert served.chunks is not None and coord.pool.slots["a"].active == 1
+        if started:
+            await served.chunks.__anext__()
+        del served
+        gc.collect()
+        for _ in range(100):
+            if coord.pool.slots["a"].active == 0 and ("closed", "a", "dropped") in log:
+                break
+            await asyncio.sleep(0.02)
+        assert coord.pool.slots["a"].active == 0
+        assert ("closed", "a", "dropped") in log
+        again = await asyncio.wait_for(serve(coord, "/v1/chat/completions",
+                                             {**body, "stream": False}, Extensions()), 5)
+        assert again.status == 200
+    finally:
+        await coord.stop()
