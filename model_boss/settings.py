@@ -37,7 +37,7 @@ _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 DEFAULT_STAY_WARM_S = {"diffusion": 900.0, "llm": 300.0, "vision": 60.0, "tts": 300.0,
-                       "embedding": 300.0}
+                       "stt": 300.0, "embedding": 300.0, "rerank": 300.0}
 
 
 # the default CORS origins: pages served from this machine, on any port (as Ollama allows)
@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     fair_share_turn_s: float = Field(default=2.0, gt=0)  # due-time cost of one turn
     request_rate_horizon_s: float = Field(default=120.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # an audio file sent to /v1/audio/transcriptions or /translations (OpenAI's limit: 25 MB)
+    max_upload_bytes: int = Field(default=25 * 1024 * 1024, ge=1024)
     request_timeout_s: float = Field(default=600.0, gt=0)
     llama_server_binary: str | None = None
     # manifests without ``worker``: native | binary | llama-cpp-python; unset → binary when

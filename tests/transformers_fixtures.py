@@ -1,9 +1,12 @@
 """Tiny random-weight models for the transformers worker, built here with ``save_pretrained``:
 a sentence-transformers embedder (BERT, mean pooling) and a CrossEncoder reranker (BERT with
-one label), over a small WordPiece vocabulary written by the test. No hub access."""
+one label) over a small WordPiece vocabulary, a Wav2Vec2 CTC recogniser over letters, a
+Whisper recogniser over a byte-level vocabulary with its special and timestamp tokens, and a
+VITS voice over letters: every vocabulary written by the test. No hub access."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -68,6 +71,153 @@ def build_reranker(path: Path) -> Path:
     BertForSequenceClassification(_config(labels=1)).save_pretrained(path)
     _tokenizer(path).save_pretrained(path)
     return path
+
+
+def build_recogniser(path: Path) -> Path:
+    """A Wav2Vec2 CTC model with its processor (feature extractor and letter tokenizer)."""
+    import torch
+    from transformers import (
+        Wav2Vec2Config,
+        Wav2Vec2CTCTokenizer,
+        Wav2Vec2FeatureExtractor,
+        Wav2Vec2ForCTC,
+        Wav2Vec2Processor,
+    )
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {"<pad>": 0, "<unk>": 1, "|": 2,
+             **{c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz'")}}
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = Wav2Vec2CTCTokenizer(str(path / "vocab.json"), unk_token="<unk>",
+                                     pad_token="<pad>", word_delimiter_token="|")
+    features = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0,
+                                        do_normalize=True, return_attention_mask=False)
+    Wav2Vec2Processor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(path)
+    torch.manual_seed(2)
+    config = Wav2Vec2Config(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, conv_dim=(32,) * 7, conv_kernel=(10, 3, 3, 3, 3, 2, 2),
+        conv_stride=(5, 2, 2, 2, 2, 2, 2), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2, pad_token_id=0)
+    Wav2Vec2ForCTC(config).save_pretrained(path)
+    return path
+
+
+WHISPER_LANGUAGES = ("en", "fr", "de")
+
+
+def build_whisper(path: Path) -> Path:
+    """A Whisper model (one encoder and one decoder layer) with its processor: a byte-level
+    BPE vocabulary, the task, language and timestamp tokens, and a generation config that
+    names them, as a downloaded Whisper has."""
+    import torch
+    from transformers import (
+        GenerationConfig,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+        WhisperTokenizer,
+    )
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    merges = ["h e", "l l", "Ġ t", "Ġ a"]
+    for merge in merges:
+        vocab[merge.replace(" ", "")] = len(vocab)
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    end = "<|endoftext|>"
+    tokenizer = WhisperTokenizer(str(path / "vocab.json"), str(path / "merges.txt"),
+                                 unk_token=end, bos_token=end, eos_token=end, pad_token=end)
+    specials = ["<|startoftranscript|>", *(f"<|{code}|>" for code in WHISPER_LANGUAGES),
+                "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+                "<|nospeech|>", "<|notimestamps|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(feature_size=80),
+                     tokenizer=tokenizer).save_pretrained(path)
+    ids = tokenizer.convert_tokens_to_ids
+    torch.manual_seed(3)
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=32, encoder_layers=1,
+        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=1500,
+        max_target_positions=64, pad_token_id=ids(end), bos_token_id=ids(end),
+        eos_token_id=ids(end), decoder_start_token_id=ids("<|startoftranscript|>"),
+        begin_suppress_tokens=None, suppress_tokens=None)
+    model = WhisperForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=ids("<|startoftranscript|>"), eos_token_id=ids(end),
+        pad_token_id=ids(end), bos_token_id=ids(end),
+        no_timestamps_token_id=ids("<|notimestamps|>"),
+        prev_sot_token_id=ids("<|startofprev|>"),
+        lang_to_id={f"<|{code}|>": ids(f"<|{code}|>") for code in WHISPER_LANGUAGES},
+        task_to_id={"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
+        is_multilingual=True, max_initial_timestamp_index=50, max_length=24,
+        suppress_tokens=[], begin_suppress_tokens=[ids(end)])
+    model.save_pretrained(path)
+    return path
+
+
+def build_voice(path: Path) -> Path:
+    """A VITS (MMS-TTS) voice over a letter vocabulary, 16 kHz."""
+    import torch
+    from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    symbols = ["_", *" abcdefghijklmnopqrstuvwxyz'.,?!-", "<unk>"]
+    (path / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(symbols)}))
+    VitsTokenizer(str(path / "vocab.json"), pad_token="_", unk_token="<unk>", add_blank=True,
+                  normalize=True, phonemize=False, is_uroman=False,
+                  language="eng").save_pretrained(path)
+    torch.manual_seed(4)
+    config = VitsConfig(
+        vocab_size=len(symbols), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        ffn_dim=32, flow_size=16, spectrogram_bins=33, upsample_initial_channel=32,
+        upsample_rates=[8, 8], upsample_kernel_sizes=[16, 16], resblock_kernel_sizes=[3],
+        resblock_dilation_sizes=[[1, 3]], prior_encoder_num_flows=2,
+        prior_encoder_num_wavenet_layers=1, posterior_encoder_num_wavenet_layers=1,
+        duration_predictor_num_flows=2, duration_predictor_filter_channels=16,
+        depth_separable_num_layers=2, sampling_rate=16000)
+    VitsModel(config).save_pretrained(path)
+    return path
+
+
+# an upload's file type → (container, codec) FFmpeg writes it with
+CLIP_FORMATS = {"wav": ("wav", "pcm_s16le"), "mp3": ("mp3", "libmp3lame"),
+                "flac": ("flac", "flac"), "ogg": ("ogg", "libopus"),
+                "webm": ("webm", "libopus"), "m4a": ("ipod", "aac")}
+
+
+def speech_clip(seconds: float, kind: str = "wav", rate: int = 16000) -> bytes:
+    """A synthesised clip (two tones, with pauses) as a file of that type, at 48 kHz stereo
+    where the codec wants it: the worker resamples and mixes down."""
+    import io
+
+    import av
+    import numpy as np
+
+    container, codec = CLIP_FORMATS[kind]
+    rate = 48000 if codec == "libopus" else rate
+    t = np.arange(int(seconds * rate), dtype=np.float32) / rate
+    wave = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 330 * t)
+    wave *= (np.sin(2 * np.pi * 0.5 * t) > -0.3)  # pauses
+    stereo = np.ascontiguousarray(np.stack([wave, wave]).astype(np.float32))
+    out = io.BytesIO()
+    with av.open(out, mode="w", format=container) as file:
+        stream = file.add_stream(codec, rate=rate, layout="stereo")
+        frame = av.AudioFrame.from_ndarray(stereo, format="fltp", layout="stereo")
+        frame.sample_rate = rate
+        resampler = av.AudioResampler(format=stream.codec_context.format.name,
+                                      layout="stereo", rate=rate)
+        for piece in [*resampler.resample(frame), *resampler.resample(None)]:
+            for packet in stream.encode(piece):
+                file.mux(packet)
+        for packet in stream.encode(None):
+            file.mux(packet)
+    return out.getvalue()
 
 
 def shared(tmp_path_factory, name: str, build) -> Path:

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from ..coordinator import Coordinator
 from ..services import run_job
+from ..services.media.audio import UPLOAD_PATHS
 from ..settings import Settings, load_settings
 from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai, pulls
 from .errors import install_error_handlers
@@ -45,7 +46,8 @@ def create_app(settings: Settings | None = None, *,
     # the last added runs first: CORS → Ollama's and Anthropic's envelopes → errors → keys and
     # metrics → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
-    app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
+                       uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,

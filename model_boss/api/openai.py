@@ -1,7 +1,8 @@
-"""The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, speech,
-images (and the files ``response_format: url`` links to), the Responses API. The routes
-llama-server answers in OpenAI's shape without the ``/v1`` prefix answer here too, so clients
-written for it work unchanged (``/completions`` is llama.cpp's native one, in :mod:`.llamacpp`)."""
+"""The OpenAI-compatible surface: /v1/models, chat and text completions, embeddings, rerank,
+speech and transcription, images (and the files ``response_format: url`` links to), the
+Responses API. The routes llama-server answers in OpenAI's shape without the ``/v1`` prefix
+answer here too, so clients written for it work unchanged (``/completions`` is llama.cpp's
+native one, in :mod:`.llamacpp`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.datastructures import UploadFile
 
+from ..errors import BadRequest
 from ..services import (
     FILES_PATH,
     IMAGES,
@@ -23,6 +26,7 @@ from ..services import (
     pop_extensions,
     serve_streaming,
 )
+from ..services.media.audio import TRANSCRIPTIONS, TRANSLATIONS, Upload, transcription_body
 from ..services.redact import redact
 from ..services.schemas import OpenAIRequest, RerankRequest
 from ..slots.slot import SlotState
@@ -30,6 +34,18 @@ from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OpenAIError, documented
 
 router = APIRouter(tags=["openai"], responses=documented(OpenAIError))
+
+# the upload routes read their form themselves (the file is sized before it is read): the
+# form, for the OpenAPI document
+UPLOAD_FORM: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "model": {"type": "string"},
+        "language": {"type": "string"}, "prompt": {"type": "string"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "response_format": {"type": "string",
+                            "enum": ["json", "text", "srt", "vtt", "verbose_json"]},
+        "timestamp_granularities[]": {"type": "array", "items": {
+            "type": "string", "enum": ["word", "segment"]}}}}}}}}
 
 
 @router.get("/v1/models")
@@ -98,6 +114,40 @@ async def responses(request: Request, body: ResponsesRequest) -> Response:
 @router.post("/v1/audio/speech")
 async def speech(request: Request, body: SpeechRequest) -> Response:
     return await serve_body(request, "/v1/audio/speech", body)
+
+
+@router.post(TRANSCRIPTIONS, openapi_extra=UPLOAD_FORM)
+@router.post("/audio/transcriptions", include_in_schema=False)
+async def transcriptions(request: Request) -> Response:
+    """Speech to text: a ``stt`` model (Whisper, Wav2Vec2, ...). ``multipart/form-data`` with
+    ``file`` (wav, mp3, flac, ogg, webm, m4a, ...), ``model``, ``language``, ``prompt``,
+    ``temperature``, ``response_format`` (json, text, srt, vtt, verbose_json) and
+    ``timestamp_granularities[]``."""
+    return await _transcribe(request, TRANSCRIPTIONS)
+
+
+@router.post(TRANSLATIONS, openapi_extra=UPLOAD_FORM)
+@router.post("/audio/translations", include_in_schema=False)
+async def translations(request: Request) -> Response:
+    """Speech in any language to English text (a Whisper model); the form of
+    ``/v1/audio/transcriptions`` without ``language``."""
+    return await _transcribe(request, TRANSLATIONS)
+
+
+async def _transcribe(request: Request, endpoint: str) -> Response:
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise BadRequest("send the audio as multipart/form-data (a 'file' part and the "
+                         "other fields as form fields)", code="invalid_content_type")
+    async with request.form(max_files=1, max_fields=64) as form:
+        parts = [(name, Upload(value.filename, await value.read())
+                  if isinstance(value, UploadFile) else value)
+                 for name, value in form.multi_items()]
+    data = transcription_body(parts)
+    ext = pop_extensions(data, request.headers)
+    async with disconnect_watch(request) as gone:
+        served = await serve_streaming(coordinator_of(request), endpoint, data, ext,
+                                       disconnected=gone)
+    return to_response(served)
 
 
 @router.post(IMAGES)

@@ -1,5 +1,6 @@
 """TransformersBackend: ``python -m workers.transformers`` — an embedder (sentence-transformers)
-or a reranker (CrossEncoder), batching concurrent requests, with a CPU-RAM tier."""
+or a reranker (CrossEncoder), batching concurrent requests, or a speech recogniser or voice
+(transformers' pipelines), with a CPU-RAM tier."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ from .base import HttpWorkerBackend, UpstreamResponse
 
 # what each kind answers: the coordinator's endpoint → the worker's path
 SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
-          Category.RERANK: {"/v1/rerank": "/v1/rerank"}}
-TASKS = {Category.EMBEDDING: "embedding", Category.RERANK: "rerank"}
+          Category.RERANK: {"/v1/rerank": "/v1/rerank"},
+          Category.STT: {"/v1/audio/transcriptions": "/v1/audio/transcriptions",
+                         "/v1/audio/translations": "/v1/audio/translations"},
+          Category.TTS: {"/v1/audio/speech": "/v1/audio/speech"}}
+TASKS = {Category.EMBEDDING: "embedding", Category.RERANK: "rerank", Category.STT: "stt",
+         Category.TTS: "tts"}
+STREAMED = frozenset({"/v1/audio/speech"})  # audio passed on as it is encoded
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -52,7 +58,7 @@ class TransformersBackend(HttpWorkerBackend):
                              f"'{self.manifest.category}'; it serves {routes}",
                              param="model", code="unsupported_endpoint")
         return await self.proxy("POST", served[endpoint], {**body, "model": self.manifest.id},
-                                stream=False)
+                                stream=endpoint in STREAMED)
 
     async def offload(self) -> dict[str, Any]:
         return await self.control("/offload")

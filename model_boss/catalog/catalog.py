@@ -80,9 +80,9 @@ def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | Non
         if not path.exists():
             return f"model file not found: {path}"
     if manifest.backend == BackendKind.TRANSFORMERS and manifest.category not in (
-            Category.EMBEDDING, Category.RERANK):
-        return f"the transformers backend serves embedding and rerank models, not " \
-               f"{manifest.category}"
+            Category.EMBEDDING, Category.RERANK, Category.STT, Category.TTS):
+        return f"the transformers backend serves embedding, rerank, stt and tts models, " \
+               f"not {manifest.category}"
     if manifest.backend == BackendKind.COMMAND and not manifest.command:
         return "manifest has no command"
     if manifest.backend == BackendKind.CLOUD and not manifest.base_url:

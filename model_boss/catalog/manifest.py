@@ -25,6 +25,7 @@ class Category(StrEnum):
     DIFFUSION = "diffusion"
     VISION = "vision"
     TTS = "tts"
+    STT = "stt"  # speech recognition (transcription, translation)
     EMBEDDING = "embedding"
     RERANK = "rerank"
 
@@ -162,11 +163,13 @@ class ModelManifest(BaseModel):
     @property
     def concurrency(self) -> int:
         """Requests one slot takes at once: ``parallel``, else 1 (256 for cloud remotes; a
-        transformers model: its ``batch_size``, so concurrent requests reach its batcher)."""
+        transformers embedder or reranker: its ``batch_size``, so concurrent requests reach its
+        batcher)."""
         if self.parallel is not None:
             return self.parallel
         if self.backend == BackendKind.TRANSFORMERS:
-            return self.batch_size
+            return self.batch_size if self.category in (Category.EMBEDDING,
+                                                        Category.RERANK) else 1
         return 256 if self.backend == BackendKind.CLOUD else 1
 
     @property

@@ -3,9 +3,9 @@ arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette.""
 
 from .cancel import ClientDisconnected, unless_disconnected
 from .extensions import Extensions, pop_extensions
-from .images import FILES_PATH, IMAGES, generate_images
 from .jobs import run_job
 from .load_wait import serve_streaming
+from .media.images import FILES_PATH, IMAGES, generate_images
 from .schemas import (
     ENDPOINT_BODIES,
     ChatRequest,

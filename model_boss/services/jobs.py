@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..jobs import Job
 from ..jobs.runner import Dispatched
 from .extensions import pop_extensions
-from .images import IMAGES, generate_images
+from .media.images import IMAGES, generate_images
 from .schemas import ImageRequest
 from .served import Served
 from .serving import serve

@@ -217,6 +217,19 @@ class SpeechRequest(OpenAIRequest):
 
     input: str = Field(min_length=1, max_length=4096)
     voice: str | None = None
+    speed: Number | None = Field(default=None, ge=0.25, le=4.0)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] | None = None
+
+
+class TranscriptionRequest(OpenAIRequest):
+    """The form fields of ``POST /v1/audio/transcriptions`` and ``/translations`` besides
+    ``file`` (which reaches the worker as base64 in ``file``)."""
+
+    language: str | None = Field(default=None, min_length=2, max_length=16)
+    prompt: str | None = Field(default=None, max_length=4096)
+    temperature: Number | None = Field(default=None, ge=0, le=1)
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] | None = None
+    timestamp_granularities: list[Literal["word", "segment"]] | None = None
 
 
 class ImageRequest(OpenAIRequest):

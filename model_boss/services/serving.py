@@ -269,7 +269,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
     # a stream the server never starts (the client went as the answer began) runs no clean-up
     # of its own: its slot is given back when it is collected
     weakref.finalize(relayed, _never_started, coord, chunks, ticket).atexit = False
-    return Served(upstream.status, headers, "text/event-stream", chunks=relayed)
+    return Served(upstream.status, headers,
+                  upstream.headers.get("content-type", "text/event-stream"), chunks=relayed)
 
 
 def _never_started(coord: Coordinator, chunks: AsyncIterator[bytes],

@@ -4,6 +4,12 @@
     POST /v1/embeddings   OpenAI's body and answer (embedding task)
     POST /v1/rerank       {query, documents, top_n?, return_documents?} (rerank task; also
                           /rerank): results by relevance, as llama.cpp, Jina and Cohere answer
+    POST /v1/audio/transcriptions, /v1/audio/translations
+                          {file: base64, language?, prompt?, temperature?, response_format?,
+                          timestamp_granularities?} (stt task): json, text, srt, vtt or
+                          verbose_json, as OpenAI answers
+    POST /v1/audio/speech {input, voice?, speed?, response_format?} (tts task): audio, streamed
+                          sentence by sentence where the format allows
     POST /offload         weights to CPU RAM;  POST /onload  back to the device
     POST /shutdown        stop the server
 
@@ -21,16 +27,19 @@ import struct
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from ..auth import require_key
+from . import speech
+from .audio import AudioError, Encoder, decode
 from .batcher import Batcher
 from .engine import Engine, NotLoaded
+from .errors import WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +69,30 @@ class RerankBody(BaseModel):
     model: str | None = None
 
 
-class WorkerError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+TRANSCRIPTS = ("json", "text", "srt", "vtt", "verbose_json")
 
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return JSONResponse({"error": {"message": self.message, "type": kind,
-                                       "param": self.param, "code": self.code}},
-                            status_code=self.status)
+
+class TranscriptionBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    file: StrictStr = Field(min_length=1, description="the audio file's bytes, base64")
+    filename: str | None = None
+    language: str | None = Field(default=None, min_length=2, max_length=16)
+    prompt: str | None = Field(default=None, max_length=4096)
+    temperature: float = Field(default=0.0, ge=0, le=1)
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
+    timestamp_granularities: list[Literal["word", "segment"]] = Field(default_factory=list)
+    model: str | None = None
+
+
+class SpeechBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: Text = Field(max_length=4096)
+    voice: str | None = None
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    model: str | None = None
 
 
 def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
@@ -77,6 +100,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     options = engine.options
     run = engine.embed if options.task == "embedding" else engine.rerank
     batcher = Batcher(run, options.batch_size, options.max_batch_wait_ms / 1000)
+    kinds = {"embedding": "embeddings", "rerank": "rerank", "stt": "transcriptions",
+             "tts": "speech"}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -117,7 +142,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     def _serves(task: str) -> None:
         if options.task != task:
             raise WorkerError(400, f"this model is of kind '{options.task}'; it does not "
-                              f"serve {task}", "unsupported_endpoint", "model")
+                              f"serve {kinds[task]}", "unsupported_endpoint", "model")
         if engine.state != "ready":
             raise NotLoaded(engine.state)
 
@@ -158,6 +183,68 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
 
     app.post("/v1/rerank")(rerank)
     app.post("/rerank")(rerank)
+
+    async def transcribe(body: TranscriptionBody, task: str) -> Response:
+        _serves("stt")
+        if task == "translate" and not engine.whisper:
+            raise WorkerError(400, "this model transcribes only; translation into English "
+                              "needs a Whisper model", "unsupported_endpoint", "model")
+        try:
+            data = base64.b64decode(body.file, validate=True)
+        except ValueError:
+            raise WorkerError(400, "file: not base64", "invalid_value", "file") from None
+        try:
+            samples = await asyncio.to_thread(decode, data, engine.rate)
+        except AudioError as exc:
+            raise WorkerError(400, f"file: {exc}", "invalid_audio", "file") from None
+        words = "word" in body.timestamp_granularities and body.response_format == "verbose_json"
+        if words and engine.whisper:
+            raise WorkerError(400, "timestamp_granularities: this model gives segment "
+                              "timestamps only", "invalid_value", "timestamp_granularities")
+        heard = await asyncio.to_thread(
+            engine.transcribe, samples, task=task,
+            language=body.language if task == "transcribe" else None, prompt=body.prompt,
+            temperature=body.temperature, words=words)
+        if task == "translate":
+            heard["language"] = "en"
+        return speech.transcript(heard, body.response_format, task)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(body: TranscriptionBody) -> Response:
+        return await transcribe(body, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(body: TranscriptionBody) -> Response:
+        return await transcribe(body, "translate")
+
+    @app.post("/v1/audio/speech")
+    async def speak(body: SpeechBody) -> Response:
+        _serves("tts")
+        speaker = speech.speaker(body.voice, engine.speakers)
+        if body.speed != 1.0 and not engine.sets_speed:
+            raise WorkerError(400, "speed: this model speaks at one speed; send 1.0",
+                              "invalid_value", "speed")
+        pieces = speech.sentences(body.input)
+        encoder = Encoder(body.response_format, engine.rate or 16000)
+
+        async def piece(text: str) -> bytes:
+            samples = await asyncio.to_thread(engine.synthesize, text, speed=body.speed,
+                                              speaker=speaker)
+            return encoder.add(samples)
+
+        first = await piece(pieces[0])  # a failure before the answer starts is a status
+        if not encoder.streamable:
+            rest = [await piece(text) for text in pieces[1:]]
+            return Response(first + b"".join(rest) + encoder.close(),
+                            media_type=encoder.content_type)
+
+        async def stream():
+            yield first
+            for text in pieces[1:]:
+                yield await piece(text)
+            yield encoder.close()
+
+        return StreamingResponse(stream(), media_type=encoder.content_type)
 
     @app.post("/offload")
     async def offload() -> dict[str, Any]:

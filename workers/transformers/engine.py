@@ -1,5 +1,7 @@
-"""The model: a sentence-transformers embedder or a CrossEncoder reranker, loaded from a local
-folder as the library loads a downloaded one; moved between the device and CPU RAM."""
+"""The model: a sentence-transformers embedder, a CrossEncoder reranker, or one of transformers'
+speech pipelines (recognition: Whisper, Wav2Vec2 and the other CTC models; synthesis: VITS/MMS
+and the others its text-to-speech pipeline loads), loaded from a local folder as the library
+loads a downloaded one; moved between the device and CPU RAM."""
 
 from __future__ import annotations
 
@@ -10,6 +12,29 @@ from typing import Any
 from .options import WorkerOptions
 
 log = logging.getLogger(__name__)
+
+
+CHUNK_S = 30.0  # audio longer than this is recognised in chunks of it
+
+
+def _stamp(value: Any, default: float) -> float:
+    return round(float(value), 2) if value is not None else round(default, 2)
+
+
+def _sentences(words: list[dict[str, Any]], gap_s: float = 0.6,
+               most: int = 24) -> list[tuple[float, float, str]]:
+    """Words grouped into segments: a new one after a pause or every ``most`` words."""
+    segments: list[tuple[float, float, str]] = []
+    group: list[dict[str, Any]] = []
+    for word in words:
+        if group and (word["start"] - group[-1]["end"] > gap_s or len(group) >= most):
+            segments.append((group[0]["start"], group[-1]["end"],
+                             " ".join(w["word"] for w in group)))
+            group = []
+        group.append(word)
+    if group:
+        segments.append((group[0]["start"], group[-1]["end"], " ".join(w["word"] for w in group)))
+    return segments
 
 
 class NotLoaded(RuntimeError):
@@ -25,6 +50,8 @@ class Engine:
         self.device = "cpu"
         self.dimensions: int | None = None
         self.max_tokens: int | None = None
+        self.rate: int | None = None  # speech: the sampling rate the model hears or speaks
+        self.whisper = False
         self._lock = threading.Lock()  # one model call or move at a time
 
     def load(self) -> None:
@@ -44,14 +71,106 @@ class Engine:
                     self.model.get_sentence_embedding_dimension
                 self.dimensions = dimension()
                 self.max_tokens = self.model.max_seq_length
-            else:
+            elif self.options.task == "rerank":
                 self.model = CrossEncoder(self.options.model, **kwargs)
                 self.max_tokens = self.model.max_length
+            else:
+                self.model = self._pipeline(torch)
             self.state = "ready"
             log.info("loaded %s (%s) on %s", self.options.model, self.options.task, self.device)
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.exception("loading %s failed", self.options.model)
+
+    def _pipeline(self, torch: Any) -> Any:
+        from transformers import pipeline
+
+        kind = {"stt": "automatic-speech-recognition", "tts": "text-to-speech"}[
+            self.options.task]
+        dtype = getattr(torch, self.options.dtype) if self.options.dtype != "auto" else None
+        # a local folder: the worker runs with HF_HUB_OFFLINE set, so nothing is fetched
+        pipe = pipeline(kind, model=self.options.model, device=self.device, dtype=dtype)
+        if self.options.task == "stt":
+            self.rate = pipe.feature_extractor.sampling_rate
+            self.whisper = pipe.model.config.model_type == "whisper"
+        else:
+            self.rate = pipe.sampling_rate
+        return pipe
+
+    @property
+    def speakers(self) -> int:
+        """Voices a multi-speaker synthesiser has (1 for the others)."""
+        return int(getattr(self.model.model.config, "num_speakers", 1) or 1)
+
+    def transcribe(self, samples: Any, *, task: str = "transcribe", language: str | None = None,
+                   prompt: str | None = None, temperature: float = 0.0,
+                   words: bool = False) -> dict[str, Any]:
+        """Text with segment (and, where the model can, word) timestamps. Audio longer than
+        the model's window is cut into overlapping chunks the pipeline joins again."""
+        with self._lock:
+            self._ready()
+            seconds = len(samples) / self.rate
+            kwargs: dict[str, Any] = {}
+            if seconds > CHUNK_S:
+                kwargs.update(chunk_length_s=CHUNK_S, batch_size=1)
+            if self.whisper:
+                generate: dict[str, Any] = {"task": task}
+                if language:
+                    generate["language"] = language
+                if temperature > 0:
+                    generate.update(do_sample=True, temperature=temperature)
+                if prompt:
+                    generate["prompt_ids"] = self.model.tokenizer.get_prompt_ids(
+                        prompt, return_tensors="pt").to(self.device)
+                kwargs.update(generate_kwargs=generate, return_timestamps=True,
+                              return_language=True)
+            else:
+                kwargs["return_timestamps"] = "word"
+            out = self.model({"raw": samples, "sampling_rate": self.rate}, **kwargs)
+        chunks = []
+        for chunk in out.get("chunks") or []:  # times kept within the clip
+            start = min(_stamp(chunk["timestamp"][0], 0.0), seconds)
+            end = min(max(_stamp(chunk["timestamp"][1], seconds), start), seconds)
+            if start < seconds or chunk["text"].strip():
+                chunks.append((round(start, 2), round(end, 2), chunk["text"]))
+            language = language or chunk.get("language")
+        if self.whisper:
+            segments, spoken = chunks, []
+        else:
+            spoken = [{"word": text.strip(), "start": start, "end": end}
+                      for start, end, text in chunks]
+            segments = _sentences(spoken)
+        return {"text": out["text"].strip(), "duration": round(seconds, 3),
+                "language": language or ("en" if not self.whisper else None),
+                "segments": [{"start": start, "end": end, "text": text}
+                             for start, end, text in segments],
+                **({"words": spoken} if words else {})}
+
+    def synthesize(self, text: str, *, speed: float = 1.0,
+                   speaker: int | None = None) -> Any:
+        """One piece of speech (float32 samples at ``self.rate``)."""
+        import numpy as np
+
+        with self._lock:
+            self._ready()
+            config = self.model.model.config
+            forward: dict[str, Any] = {}
+            if speaker is not None:
+                forward["speaker_id"] = speaker
+            before = getattr(config, "speaking_rate", None)
+            if before is not None:
+                config.speaking_rate = speed
+            try:
+                out = self.model(text, forward_params=forward) if forward \
+                    else self.model(text)
+            finally:
+                if before is not None:
+                    config.speaking_rate = before
+        return np.asarray(out["audio"], dtype=np.float32).reshape(-1)
+
+    @property
+    def sets_speed(self) -> bool:
+        return hasattr(self.model.model.config, "speaking_rate")
 
     def _ready(self) -> None:
         if self.state != "ready":
@@ -105,14 +224,18 @@ class Engine:
             if self.state != source:
                 raise NotLoaded(self.state)
             started = time.perf_counter()
-            self.model.to(device)
+            # a pipeline's model moves; the pipeline keeps sending inputs to self.device,
+            # which is where the model is whenever a request runs (none runs parked)
+            movable = self.model.model if self.options.task in ("stt", "tts") else self.model
+            movable.to(device)
             if device == "cpu" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.state = target
             return {"state": self.state, "moved_s": round(time.perf_counter() - started, 3)}
 
     def report(self) -> dict[str, Any]:
+        speech = {"sampling_rate": self.rate} if self.rate else {}
         return {"state": self.state, "error": self.error, "task": self.options.task,
                 "device": self.device, "tier": "cpu" if self.state == "offloaded" else
                 ("gpu" if self.device == "cuda" else "cpu"),
-                "dimensions": self.dimensions, "max_tokens": self.max_tokens}
+                "dimensions": self.dimensions, "max_tokens": self.max_tokens, **speech}

@@ -1,6 +1,6 @@
 """The worker's command line, validated into ``WorkerOptions``.
 
-    python -m workers.transformers --model DIR --task embedding|rerank --port N
+    python -m workers.transformers --model DIR --task embedding|rerank|stt|tts --port N
         [--host 127.0.0.1] [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
         [--batch-size 32] [--max-batch-wait-ms 5] [--max-items 2048] [--parent-pid PID]
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 PROG = "python -m workers.transformers"
 API_KEY_ENV = "WORKER_API_KEY"
-TASKS = ("embedding", "rerank")
+TASKS = ("embedding", "rerank", "stt", "tts")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,18 +25,21 @@ class BodyLimit:
     passed on (nested deeper than :data:`MAX_JSON_DEPTH`, an integer beyond 64 bits) is a
     400. Then the body is replayed to the app."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, *,
+                 uploads: tuple[frozenset[str], int] = (frozenset(), 0)) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_paths, self.max_upload_bytes = uploads  # file uploads: their own limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        limit = self.max_upload_bytes if scope["path"] in self.upload_paths else self.max_bytes
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(declared)(scope, receive, send)
+        if declared.isdigit() and int(declared) > limit:
+            await self._too_large(declared, limit)(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -46,8 +49,8 @@ class BodyLimit:
                 return  # nobody is left to answer
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._too_large(str(size))(scope, receive, send)
+            if size > limit:
+                await self._too_large(str(size), limit)(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -60,9 +63,9 @@ class BodyLimit:
             return
         await self.app(scope, replaying(raw, receive), send)
 
-    def _too_large(self, size: str):
+    def _too_large(self, size: str, limit: int):
         return error_response(PayloadTooLarge(
-            f"request body of {size} bytes is over the {self.max_bytes} limit"))
+            f"request body of {size} bytes is over the {limit} limit"))
 
 
 def replaying(raw: bytes, receive: Receive) -> Receive:

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ..jobs.runner import Dispatched
-from .extensions import Extensions
-from .schemas import ImageRequest
-from .served import MODEL_HEADER, Served
-from .serving import serve
+from ...jobs.runner import Dispatched
+from ..extensions import Extensions
+from ..schemas import ImageRequest
+from ..served import MODEL_HEADER, Served
+from ..serving import serve
 
 if TYPE_CHECKING:
-    from ..coordinator import Coordinator
+    from ...coordinator import Coordinator
 
 IMAGES = "/v1/images/generations"
 FILES_PATH = "/v1/images/files/"
