@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .backends.process import reap_orphans
-from .backends.spare import DIFFUSERS
+from .backends.spare import DIFFUSERS, TRANSFORMERS
 from .catalog import BackendKind, build_catalog
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
@@ -149,9 +149,11 @@ class Coordinator:
                                                name="metadata"))
         for model in self.settings.preload:
             self._preload(model)
-        if any(e.available and e.manifest.backend == BackendKind.DIFFUSERS
-               for e in self.catalog):
-            self.pool.spares.replenish(DIFFUSERS)  # the first image skips the imports too
+        # the first image (or embedding, or transcript) skips the imports too
+        for backend, kind in ((BackendKind.DIFFUSERS, DIFFUSERS),
+                              (BackendKind.TRANSFORMERS, TRANSFORMERS)):
+            if any(e.available and e.manifest.backend == backend for e in self.catalog):
+                self.pool.spares.replenish(kind)
         if self.cluster is not None:
             await self.cluster.start()
         await self.jobs.start()

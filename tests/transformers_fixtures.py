@@ -73,7 +73,7 @@ def build_reranker(path: Path) -> Path:
     return path
 
 
-def build_recogniser(path: Path) -> Path:
+def build_recogniser(path: Path, hidden: int = 32, layers: int = 2) -> Path:
     """A Wav2Vec2 CTC model with its processor (feature extractor and letter tokenizer)."""
     import torch
     from transformers import (
@@ -95,8 +95,9 @@ def build_recogniser(path: Path) -> Path:
     Wav2Vec2Processor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(path)
     torch.manual_seed(2)
     config = Wav2Vec2Config(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, conv_dim=(32,) * 7, conv_kernel=(10, 3, 3, 3, 3, 2, 2),
+        vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=max(2, hidden // 64), intermediate_size=hidden * 2,
+        conv_dim=(hidden,) * 7, conv_kernel=(10, 3, 3, 3, 3, 2, 2),
         conv_stride=(5, 2, 2, 2, 2, 2, 2), num_conv_pos_embeddings=16,
         num_conv_pos_embedding_groups=2, pad_token_id=0)
     Wav2Vec2ForCTC(config).save_pretrained(path)

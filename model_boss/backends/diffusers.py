@@ -13,24 +13,24 @@ from typing import Any
 import httpx
 import orjson
 
-from ..errors import BadRequest, LoadFailed
+from ..errors import BadRequest
 from ..gpu.placement import Placement
-from .base import HttpWorkerBackend, UpstreamResponse, upstream_error
-from .spare import DIFFUSERS, Spare, SpareWorkers
+from .base import HttpWorkerBackend, UpstreamResponse
+from .spare import DIFFUSERS, TakesSpares
 
 IMAGES_ENDPOINT = "/v1/images/generations"
 _BACKGROUND: set[asyncio.Task] = set()
 WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n")
 
 
-class DiffusersBackend(HttpWorkerBackend):
-    """Spawns the diffusers worker; offload/onload move the pipeline between VRAM and RAM."""
+class DiffusersBackend(TakesSpares, HttpWorkerBackend):
+    """Spawns the diffusers worker (or takes the spare one); offload/onload move the pipeline
+    between VRAM and RAM."""
 
+    spare_kind = DIFFUSERS
     can_offload = True
     health_path = "/health"
     secret_env = "WORKER_API_KEY"  # workers/diffusers/options.py reads it
-
-    spares: SpareWorkers | None = None  # the pool's, when it keeps spare workers
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",
@@ -51,38 +51,6 @@ class DiffusersBackend(HttpWorkerBackend):
                       enumerate(placement.allocations[g] for g in placement.gpus)}
             flags += ["--max-memory", json.dumps(memory)]
         return flags + list(m.args)
-
-    async def start(self, port: int, placement: Placement | None) -> None:
-        """A cold start, in the spare worker when one is ready (and the manifest sets no
-        environment of its own, which a running process cannot take)."""
-        spare = self.spares.take(DIFFUSERS) if self.spares and not self.manifest.env else None
-        if spare is None:
-            return await super().start(port, placement)
-        try:
-            await self._load_in(spare, placement)
-        finally:
-            self.spares.replenish(DIFFUSERS)  # type: ignore[union-attr]
-
-    async def _load_in(self, spare: Spare, placement: Placement | None) -> None:
-        """Adopt ``spare`` (process, port, secret) and name the model in ``POST /load``; it
-        answers when the load is over. A failure stops the spare like a failed cold start."""
-        self._attach(spare.port, spare.secret, spare.process)
-        body = {"args": self.model_flags(placement),
-                "cuda_visible_devices": placement.cuda_visible_devices if placement else ""}
-        try:
-            assert self._client is not None
-            try:
-                reply = await self._client.post("/load", json=body,
-                                                timeout=self.settings.health_timeout_s)
-            except httpx.TransportError as exc:
-                raise await self.crashed(exc) from exc
-            if reply.status_code != 200:  # it answers as /health would: 200 once loaded
-                detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
-                raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
-                                 f"{detail.message}")
-        except BaseException:
-            await self.stop()
-            raise
 
     def environment(self, placement: Placement | None) -> dict[str, str]:
         env = super().environment(placement)

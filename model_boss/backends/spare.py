@@ -1,17 +1,18 @@
 """SpareWorkers: a pre-started worker process, imports done and no model, for the next cold load.
 
-Most of a diffusers worker's cold start is the interpreter and the imports of torch and
-diffusers, not ``from_pretrained``. A spare is that worker started ahead of time with
-``--spare``: it holds no model, no lease and no slot, and is never granted a request. A cold
-load of a model of its kind *takes* it: the backend adopts the spare's process, port and secret
-and names the model in an authenticated ``POST /load``; the slot becomes READY only through the
-load's usual checks (lease still held, process alive). Once that load has ended a new spare is
-started in the background, so the two do not compete for the CPU meanwhile.
+Most of a diffusers or transformers worker's cold start is the interpreter and the imports of
+torch and diffusers (or transformers and sentence-transformers), not ``from_pretrained``. A
+spare is that worker started ahead of time with ``--spare``: it holds no model, no lease and no
+slot, and is never granted a request. A cold load of a model of its kind *takes* it: the backend
+adopts the spare's process, port and secret and names the model in an authenticated ``POST
+/load``; the slot becomes READY only through the load's usual checks (lease still held, process
+alive). Once that load has ended a new spare is started in the background, so the two do not
+compete for the CPU meanwhile.
 
 A spare is a :class:`WorkerProcess` like any worker: its own process group, the parent-death
 signal, a pid file the next coordinator reaps, stopped with the pool. It gets its per-worker
-secret in its environment at spawn, like a cold start. One that dies is replaced, unless it
-died young several times in a row (then spares of that kind stay off and an event says so).
+secret in its environment at spawn, like a cold start. One that dies is replaced, unless it died
+young several times in a row (then spares of that kind stay off and an event says so).
 """
 
 from __future__ import annotations
@@ -29,15 +30,21 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import psutil
 
+from ..errors import LoadFailed
 from .process import WorkerProcess, free_port
+from .worker_errors import upstream_error
 
 if TYPE_CHECKING:
+    from ..catalog import ModelManifest
     from ..events import EventBus
+    from ..gpu.placement import Placement
     from ..settings import Settings
 
 log = logging.getLogger(__name__)
 
 DIFFUSERS = "diffusers"
+TRANSFORMERS = "transformers"
+_MODULES = {DIFFUSERS: "workers.diffusers", TRANSFORMERS: "workers.transformers"}
 _ANSWER_POLL_S = 0.1  # while a spare imports (seconds, off any request's path)
 _YOUNG_DEATH_S = 30.0  # a spare that dies sooner than this counts towards giving up
 _GIVE_UP_AFTER = 3  # young deaths in a row
@@ -67,8 +74,8 @@ class Spare:
 
 
 def spare_argv(kind: str, port: int) -> list[str]:
-    """The command line of a spare of ``kind`` (only ``diffusers`` has one)."""
-    return [sys.executable, "-m", "workers.diffusers", "--spare", "--host", "127.0.0.1",
+    """The command line of a spare of ``kind`` (``diffusers`` or ``transformers``)."""
+    return [sys.executable, "-m", _MODULES[kind], "--spare", "--host", "127.0.0.1",
             "--port", str(port), "--parent-pid", str(os.getpid())]
 
 
@@ -199,6 +206,53 @@ class SpareWorkers:
             with contextlib.suppress(Exception):
                 await spare.process.stop(self.settings.stop_grace_s)
         self._ready.clear()
+
+
+class TakesSpares:
+    """For a worker backend whose cold load can run in a spare of ``spare_kind``: ``start``
+    takes the ready spare (unless the manifest sets an environment of its own, which a running
+    process cannot take), names the model in ``POST /load`` with :meth:`model_flags`, and
+    starts the next spare once that load has ended. Mixed in before ``HttpWorkerBackend``."""
+
+    spare_kind: str
+    spares: SpareWorkers | None = None  # the pool's, when it keeps spare workers
+    manifest: ModelManifest
+    settings: Settings
+    _client: httpx.AsyncClient | None
+
+    def model_flags(self, placement: Placement | None) -> list[str]:
+        raise NotImplementedError
+
+    async def start(self, port: int, placement: Placement | None) -> None:
+        spare = self.spares.take(self.spare_kind) if self.spares and not self.manifest.env \
+            else None
+        if spare is None:
+            return await super().start(port, placement)  # type: ignore[misc]
+        try:
+            await self._load_in(spare, placement)
+        finally:
+            self.spares.replenish(self.spare_kind)  # type: ignore[union-attr]
+
+    async def _load_in(self, spare: Spare, placement: Placement | None) -> None:
+        """Adopt ``spare`` (process, port, secret) and name the model in ``POST /load``; it
+        answers when the load is over. A failure stops the spare like a failed cold start."""
+        self._attach(spare.port, spare.secret, spare.process)  # type: ignore[attr-defined]
+        body = {"args": self.model_flags(placement),
+                "cuda_visible_devices": placement.cuda_visible_devices if placement else ""}
+        try:
+            assert self._client is not None
+            try:
+                reply = await self._client.post("/load", json=body,
+                                                timeout=self.settings.health_timeout_s)
+            except httpx.TransportError as exc:
+                raise await self.crashed(exc) from exc  # type: ignore[attr-defined]
+            if reply.status_code != 200:  # it answers as /health would: 200 once loaded
+                detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
+                raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
+                                 f"{detail.message}")
+        except BaseException:
+            await self.stop()  # type: ignore[attr-defined]
+            raise
 
 
 def _pythonpath() -> str:

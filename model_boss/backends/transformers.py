@@ -12,6 +12,7 @@ from ..catalog.manifest import Category, ModelManifest
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
+from .spare import TRANSFORMERS, TakesSpares
 
 # what each kind answers: the coordinator's endpoint → the worker's path
 SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
@@ -25,8 +26,9 @@ STREAMED = frozenset({"/v1/audio/speech"})  # audio passed on as it is encoded
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class TransformersBackend(HttpWorkerBackend):
+class TransformersBackend(TakesSpares, HttpWorkerBackend):
     can_offload = True
+    spare_kind = TRANSFORMERS
     health_path = "/health"
     secret_env = "WORKER_API_KEY"  # workers/transformers/options.py reads it
 
@@ -36,10 +38,14 @@ class TransformersBackend(HttpWorkerBackend):
         return list(SERVES.get(manifest.category, {}))
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
-        m = self.manifest
         return [sys.executable, "-m", "workers.transformers", "--host", "127.0.0.1",
                 "--port", str(port), "--parent-pid", str(os.getpid()),
-                "--model", str(self.entry.path), "--task", TASKS[m.category],
+                *self.model_flags(placement)]
+
+    def model_flags(self, placement: Placement | None) -> list[str]:
+        """The model's flags: a cold start's argv, a spare's ``POST /load``."""
+        m = self.manifest
+        return ["--model", str(self.entry.path), "--task", TASKS[m.category],
                 "--device", "auto", "--dtype", m.dtype, "--batch-size", str(m.batch_size),
                 "--max-batch-wait-ms", f"{m.max_batch_wait_ms:g}", *m.args]
 

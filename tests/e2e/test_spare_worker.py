@@ -81,3 +81,52 @@ def test_spare_is_taken_by_a_cold_load_replaced_and_dies_with_the_coordinator(tm
         assert gone, "a worker or the spare outlived the SIGKILLed coordinator"
     finally:
         server.stop()
+
+
+def test_a_transformers_spare_takes_an_embedder_then_a_voice(tmp_path, tmp_path_factory):
+    """The transformers worker's spare: up before any request (torch, transformers and
+    sentence-transformers imported), refusing work until it has a model, taken by the
+    embedder's cold load, replaced, and the replacement taken by the voice's."""
+    pytest.importorskip("sentence_transformers", reason="the 'transformers' extra")
+    from tests.transformers_fixtures import build_embedder, build_voice, shared
+
+    manifests = [
+        {"id": "embed", "backend": "transformers", "category": "embedding",
+         "path": str(shared(tmp_path_factory, "embedder", build_embedder)), "vram_mb": 1000},
+        {"id": "voice", "backend": "transformers", "category": "tts",
+         "path": str(shared(tmp_path_factory, "voice", build_voice)), "vram_mb": 1000}]
+    server = ServerProcess(tmp_path / "server", GPU, manifests).start()
+    try:
+        first = wait_for(lambda: ready_spare(server), timeout=90)
+        assert first, f"no spare came up:\n{server.log()}"
+        assert first["kind"] == "transformers" and leases(server) == []
+        worker = httpx.Client(base_url=f"http://127.0.0.1:{first['port']}", timeout=10,
+                              headers={"Authorization": f"Bearer {worker_secret(first['pid'])}"})
+        assert worker.get("/health").json()["state"] == "spare"
+        refused = worker.post("/v1/embeddings", json={"input": "a cat"})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "not_ready"
+        bad = worker.post("/load", json={"args": ["--model", "x", "--task", "embedding",
+                                                  "--spare"]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "args"
+
+        sent_at = time.time()
+        reply = httpx.post(server.url + "/v1/embeddings", timeout=120,
+                           json={"model": "embed", "input": "the cat sat"})
+        assert reply.status_code == 200, reply.text
+        embed = next(s for s in server.status()["slots"] if s["model"] == "embed")
+        assert embed["pid"] == first["pid"] and embed["state"] == "ready"
+        assert psutil.Process(embed["pid"]).create_time() < sent_at
+        assert worker.get("/health").json()["task"] == "embedding"
+
+        second = wait_for(lambda: ready_spare(server, not_pid=first["pid"]), timeout=90)
+        assert second, f"the spare was not replaced:\n{server.log()}"
+        sent_at = time.time()
+        spoken = httpx.post(server.url + "/v1/audio/speech", timeout=120, json={
+            "model": "voice", "input": "hello", "response_format": "wav"})
+        assert spoken.status_code == 200 and spoken.content[:4] == b"RIFF"
+        voice = next(s for s in server.status()["slots"] if s["model"] == "voice")
+        assert voice["pid"] == second["pid"]
+        assert psutil.Process(voice["pid"]).create_time() < sent_at
+        assert sorted(lease["note"] for lease in leases(server)) == ["embed", "voice"]
+    finally:
+        server.stop()

@@ -1,5 +1,5 @@
-"""``python -m workers.transformers --model DIR --task embedding|rerank --port N ...``: see
-``options`` for the flags."""
+"""``python -m workers.transformers --model DIR --task embedding|rerank|stt|tts --port N ...``
+(or ``--spare``): see ``options`` for the flags."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 from ..process import die_with_parent, serve
 from .app import create_app
-from .engine import Engine
+from .engine import Engine, preimport
 from .options import parse_args
 
 
@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent(options.parent_pid)
+    if options.spare:
+        preimport()  # before the port opens: a spare that answers has paid for its imports
     engine = Engine(options)
     serve(lambda stop: create_app(engine, shutdown=stop, api_key=options.api_key),
           options.host, options.port, on_exit=lambda: None)

@@ -11,6 +11,9 @@
     POST /v1/audio/speech {input, voice?, speed?, response_format?} (tts task): audio, streamed
                           sentence by sentence where the format allows
     POST /offload         weights to CPU RAM;  POST /onload  back to the device
+    POST /load            a spare (``--spare``) takes its model: {"args": [model flags],
+                          "cuda_visible_devices"?}; answers as /health once loaded (409 on
+                          a worker that is no spare)
     POST /shutdown        stop the server
 
 Requests on a parked (offloaded) model answer 409 ``model_offloaded``: the coordinator onloads
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import struct
 import uuid
 from collections.abc import Callable
@@ -38,8 +42,9 @@ from ..auth import require_key
 from . import speech
 from .audio import AudioError, Encoder, decode
 from .batcher import Batcher
-from .engine import Engine, NotLoaded
+from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
+from .options import InvalidOptions, load_args
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,16 @@ class TranscriptionBody(BaseModel):
     model: str | None = None
 
 
+class LoadBody(BaseModel):
+    """``POST /load``: a spare's model, as the flags a cold start would get."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=200)
+    cuda_visible_devices: str | None = Field(default=None, max_length=256,
+                                             pattern=r"^[0-9A-Za-z,-]*$")
+
+
 class SpeechBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -97,16 +112,18 @@ class SpeechBody(BaseModel):
 
 def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                api_key: str | None = None) -> FastAPI:
-    options = engine.options
-    run = engine.embed if options.task == "embedding" else engine.rerank
-    batcher = Batcher(run, options.batch_size, options.max_batch_wait_ms / 1000)
+    def run(items: list[Any]) -> Any:  # the task is known once the model is (a spare's later)
+        return (engine.embed if engine.options.task == "embedding" else engine.rerank)(items)
+
+    batcher = Batcher(run, engine.options.batch_size, engine.options.max_batch_wait_ms / 1000)
     kinds = {"embedding": "embeddings", "rerank": "rerank", "stt": "transcriptions",
              "tts": "speech"}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         batcher.start()
-        loading = asyncio.create_task(asyncio.to_thread(engine.load))
+        loading = asyncio.create_task(asyncio.to_thread(
+            lambda: None if engine.state == "spare" else engine.load()))
         yield
         loading.cancel()
         await batcher.stop()
@@ -131,6 +148,9 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     async def _not_loaded(_request: Request, exc: NotLoaded) -> JSONResponse:
         if str(exc) == "offloaded":
             return WorkerError(409, "the model is parked in CPU RAM", "model_offloaded").response()
+        if str(exc) == "spare":
+            return WorkerError(503, "this worker has no model yet (a spare)",
+                               "not_ready").response()
         return WorkerError(503, f"the model is {exc}", "not_ready").response()
 
     @app.get("/health")
@@ -140,8 +160,10 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         return JSONResponse(body, status_code=200 if ok else 503)
 
     def _serves(task: str) -> None:
-        if options.task != task:
-            raise WorkerError(400, f"this model is of kind '{options.task}'; it does not "
+        if engine.state == "spare":
+            raise NotLoaded("spare")
+        if engine.options.task != task:
+            raise WorkerError(400, f"this model is of kind '{engine.options.task}'; it does not "
                               f"serve {kinds[task]}", "unsupported_endpoint", "model")
         if engine.state != "ready":
             raise NotLoaded(engine.state)
@@ -149,7 +171,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingsBody) -> dict[str, Any]:
         _serves("embedding")
-        texts = _texts(body.input, options.max_items)
+        texts = _texts(body.input, engine.options.max_items)
         if body.encoding_format not in ("float", "base64"):
             raise WorkerError(400, "encoding_format: must be 'float' or 'base64'",
                               "invalid_value", "encoding_format")
@@ -167,8 +189,9 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     async def rerank(body: RerankBody) -> dict[str, Any]:
         _serves("rerank")
         documents = [d if isinstance(d, str) else d.text for d in body.documents]
-        if len(documents) > options.max_items:
-            raise WorkerError(400, f"documents: at most {options.max_items}", "invalid_value",
+        if len(documents) > engine.options.max_items:
+            raise WorkerError(400, f"documents: at most {engine.options.max_items}",
+                              "invalid_value",
                               "documents")
         scored = await batcher.submit([(body.query, d) for d in documents])
         scores = [score for score, _ in scored]
@@ -253,6 +276,23 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     @app.post("/onload")
     async def onload() -> dict[str, Any]:
         return await asyncio.to_thread(engine.onload)
+
+    @app.post("/load")
+    async def load_model(body: LoadBody) -> JSONResponse:
+        try:
+            options = load_args(engine.options, body.args)
+        except InvalidOptions as exc:
+            raise WorkerError(400, f"args: {exc}", "invalid_value", "args") from None
+        try:
+            engine.assign(options)
+        except Busy as exc:
+            raise WorkerError(409, str(exc), "busy") from None
+        batcher.batch_size = options.batch_size
+        batcher.max_wait_s = options.max_batch_wait_ms / 1000
+        if body.cuda_visible_devices is not None:  # CUDA reads it at its first use, below
+            os.environ["CUDA_VISIBLE_DEVICES"] = body.cuda_visible_devices
+        await asyncio.to_thread(engine.load)
+        return await health()
 
     @app.post("/shutdown")
     async def shutdown_now() -> dict[str, Any]:

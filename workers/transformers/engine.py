@@ -37,6 +37,23 @@ def _sentences(words: list[dict[str, Any]], gap_s: float = 0.6,
     return segments
 
 
+class Busy(RuntimeError):
+    """A ``POST /load`` to a worker that already has its model."""
+
+
+def preimport() -> None:
+    """What a spare imports ahead of its model: torch, sentence-transformers and
+    transformers' pipelines. Touches no CUDA API, so ``CUDA_VISIBLE_DEVICES`` set at
+    ``POST /load`` still decides which GPUs the worker sees."""
+    import torch  # noqa: F401
+    from sentence_transformers import CrossEncoder, SentenceTransformer  # noqa: F401
+    from transformers import pipeline  # noqa: F401
+    from transformers.pipelines import (  # noqa: F401
+        AutomaticSpeechRecognitionPipeline,
+        TextToAudioPipeline,
+    )
+
+
 class NotLoaded(RuntimeError):
     """The model is loading, failed to load, or is parked in CPU RAM."""
 
@@ -45,7 +62,8 @@ class Engine:
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
         self.model: Any = None
-        self.state = "loading"  # loading | ready | offloaded | failed
+        # spare (no model yet) | loading | ready | offloaded | failed
+        self.state = "spare" if options.spare else "loading"
         self.error: str | None = None
         self.device = "cpu"
         self.dimensions: int | None = None
@@ -53,6 +71,13 @@ class Engine:
         self.rate: int | None = None  # speech: the sampling rate the model hears or speaks
         self.whisper = False
         self._lock = threading.Lock()  # one model call or move at a time
+
+    def assign(self, options: WorkerOptions) -> None:
+        """A spare takes its model's options (once); a worker that is no spare is busy."""
+        with self._lock:
+            if self.state != "spare":
+                raise Busy(f"this worker is not a spare (it is {self.state})")
+            self.options, self.state = options, "loading"
 
     def load(self) -> None:
         import torch

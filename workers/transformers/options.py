@@ -3,6 +3,10 @@
     python -m workers.transformers --model DIR --task embedding|rerank|stt|tts --port N
         [--host 127.0.0.1] [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
         [--batch-size 32] [--max-batch-wait-ms 5] [--max-items 2048] [--parent-pid PID]
+    python -m workers.transformers --spare --port N [--host ...] [--parent-pid PID]
+
+``--spare`` starts a *spare*: torch, transformers and sentence-transformers imported, no
+model, until ``POST /load`` names one with the model flags a cold start would get.
 
 The API key comes in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the worker
 answers anyone.
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PROG = "python -m workers.transformers"
 API_KEY_ENV = "WORKER_API_KEY"
@@ -21,8 +25,8 @@ TASKS = ("embedding", "rerank", "stt", "tts")
 
 @dataclass(frozen=True, slots=True)
 class WorkerOptions:
-    model: str
-    task: str
+    model: str | None
+    task: str | None
     port: int
     host: str = "127.0.0.1"
     device: str = "auto"
@@ -32,6 +36,32 @@ class WorkerOptions:
     max_items: int = 2048  # texts (or documents) in one request
     parent_pid: int | None = None
     api_key: str | None = None
+    spare: bool = False
+
+
+class InvalidOptions(ValueError):
+    """Model flags given to a spare's ``POST /load`` that do not parse."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises instead of exiting, for flags that arrive over HTTP (``load_args``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise InvalidOptions(message)
+
+
+_SPARE_OWNED = frozenset({"--port", "--host", "--parent-pid", "--spare"})
+
+
+def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
+    """The options a spare loads with: a cold start's model flags, on the spare's own
+    address, parent and key. Raises ``InvalidOptions``."""
+    if any(f.split("=")[0] in _SPARE_OWNED for f in flags):
+        raise InvalidOptions(f"{', '.join(sorted(_SPARE_OWNED))} are the spare's own")
+    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=_Parser)
+    if not parsed.model or not parsed.task:
+        raise InvalidOptions("--model and --task are required")
+    return replace(parsed, host=spare.host, parent_pid=spare.parent_pid, api_key=spare.api_key)
 
 
 def _positive(kind):
@@ -43,10 +73,14 @@ def _positive(kind):
     return parse
 
 
-def parse_args(argv: list[str] | None = None) -> WorkerOptions:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--task", required=True, choices=TASKS)
+def parse_args(argv: list[str] | None = None,
+               parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser
+               ) -> WorkerOptions:
+    parser = parser_class(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--model")
+    parser.add_argument("--task", choices=TASKS)
+    parser.add_argument("--spare", action="store_true",
+                        help="start with no model; POST /load names one")
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
@@ -59,8 +93,10 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     args = parser.parse_args(argv)
     if args.max_batch_wait_ms < 0:
         parser.error("--max-batch-wait-ms: must be 0 or more")
+    if not args.spare and not (args.model and args.task):
+        parser.error("--model and --task are required (or --spare)")
     return WorkerOptions(model=args.model, task=args.task, port=args.port, host=args.host,
                          device=args.device, dtype=args.dtype, batch_size=args.batch_size,
                          max_batch_wait_ms=args.max_batch_wait_ms, max_items=args.max_items,
                          parent_pid=args.parent_pid,
-                         api_key=os.environ.get(API_KEY_ENV) or None)
+                         api_key=os.environ.get(API_KEY_ENV) or None, spare=args.spare)
