@@ -213,7 +213,7 @@ class Engine:
             encoded = self.tokenizer(texts, truncation=True, max_length=self.max_tokens)
         return [len(ids) for ids in encoded["input_ids"]]
 
-    def embed(self, texts: list[str]) -> list[tuple[list[float], int]]:
+    def embed(self, texts: list[str]) -> list[tuple[Any, int]]:
         """Each text's vector and its token count, for one batch."""
         with self._lock:
             self._ready()
@@ -221,7 +221,7 @@ class Engine:
                                         convert_to_numpy=True, normalize_embeddings=False,
                                         show_progress_bar=False)
             lengths = self._lengths(texts)
-        return [(v.astype("float32").tolist(), n) for v, n in zip(vectors, lengths, strict=True)]
+        return list(zip(vectors.astype("float32"), lengths, strict=True))
 
     def rerank(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]:
         """Each (query, document) pair's score and its token count, for one batch."""
@@ -245,7 +245,7 @@ class Engine:
 
         with self._lock:
             if self.state == target:
-                return {"state": self.state, "moved_s": 0.0}
+                return {"state": self.state, "seconds": 0.0}
             if self.state != source:
                 raise NotLoaded(self.state)
             started = time.perf_counter()
@@ -256,7 +256,7 @@ class Engine:
             if device == "cpu" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.state = target
-            return {"state": self.state, "moved_s": round(time.perf_counter() - started, 3)}
+            return {"state": self.state, "seconds": round(time.perf_counter() - started, 4)}
 
     def report(self) -> dict[str, Any]:
         speech = {"sampling_rate": self.rate} if self.rate else {}
