@@ -81,7 +81,6 @@ class Engine:
 
     def load(self) -> None:
         import torch
-        from sentence_transformers import CrossEncoder, SentenceTransformer
 
         try:
             wanted = self.options.device
@@ -91,12 +90,17 @@ class Engine:
             if self.options.dtype != "auto":
                 kwargs["model_kwargs"] = {"torch_dtype": getattr(torch, self.options.dtype)}
             if self.options.task == "embedding":
+                # imported here: a speech model's worker never pays for sentence-transformers
+                from sentence_transformers import SentenceTransformer
+
                 self.model = SentenceTransformer(self.options.model, **kwargs)
                 dimension = getattr(self.model, "get_embedding_dimension", None) or \
                     self.model.get_sentence_embedding_dimension
                 self.dimensions = dimension()
                 self.max_tokens = self.model.max_seq_length
             elif self.options.task == "rerank":
+                from sentence_transformers import CrossEncoder
+
                 self.model = CrossEncoder(self.options.model, **kwargs)
                 self.max_tokens = self.model.max_length
             else:
