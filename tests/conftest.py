@@ -280,10 +280,9 @@ def _cuda_available() -> bool:
 # fuzz test, one test, last). The two diffusion files each load torch in several workers: run
 # side by side they took 130 s of the two processes' time, apart 85 s, so they are spread
 # (seconds from --durations=0 on two cores; scripts/test.sh turns xdist's order off).
-LONGEST_FIRST = ("unit/test_fuzz_api.py", "e2e/test_speech_worker.py", "e2e/test_diffusion.py",
-                 "e2e/test_diffusers_worker.py", "e2e/test_spare_worker.py",
-                 "e2e/test_transformers_worker.py", "e2e/test_stress.py",
-                 "e2e/test_cluster_e2e.py",
+LONGEST_FIRST = ("e2e/test_transformers_worker.py", "unit/test_fuzz_api.py",
+                 "e2e/test_diffusion.py", "e2e/test_diffusers_worker.py",
+                 "e2e/test_spare_worker.py", "e2e/test_stress.py", "e2e/test_cluster_e2e.py",
                  "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
                  "e2e/test_openai_fidelity.py", "e2e/test_ollama_api.py",
                  "e2e/test_scheduling_e2e.py", "e2e/test_command_backend.py",
