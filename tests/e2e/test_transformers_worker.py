@@ -90,6 +90,18 @@ def test_the_openai_client_embeds(server):
     assert floats == pytest.approx(many.data[0].embedding, abs=1e-5)
 
 
+def test_a_loaded_model_reports_its_size(server):
+    """The worker's weights are measured at load (on a GPU: CUDA's own figures) and the slot
+    shows it; a declared GPU keeps the manifest's figure for its lease."""
+    httpx.post(server.url + "/v1/embeddings", json={"model": "embed", "input": "x"},
+               timeout=120).raise_for_status()
+    embed = slot(server, "embed")
+    health = worker_health(embed)
+    assert health["footprint_mb"] >= 1 and health["load_s"] > 0
+    assert health["loads_from_disk"] == 1 and health["model"].endswith("shared-embedder")
+    assert embed["measured_mb"] == health["footprint_mb"]
+
+
 def test_ollamas_client_embeds(server):
     client = ollama.Client(host=server.url)
     answer = client.embed(model="embed", input=["hello world", "the sun rose"])

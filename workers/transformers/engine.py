@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from .options import WorkerOptions
@@ -35,6 +36,26 @@ def _sentences(words: list[dict[str, Any]], gap_s: float = 0.6,
     if group:
         segments.append((group[0]["start"], group[-1]["end"], " ".join(w["word"] for w in group)))
     return segments
+
+
+MB = 2**20
+
+
+def _footprint_mb(module: Any) -> int:
+    """The bytes of a module's parameters and buffers, in MB (at least 1)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return max(1, sum(t.numel() * t.element_size() for t in tensors) // MB)
+
+
+def _cuda_memory() -> dict[str, int]:
+    """What torch holds on the visible GPUs (the coordinator learns VRAM from it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    devices = range(torch.cuda.device_count())
+    return {"cuda_allocated_mb": sum(torch.cuda.memory_allocated(d) for d in devices) // MB,
+            "cuda_reserved_mb": sum(torch.cuda.memory_reserved(d) for d in devices) // MB}
 
 
 class Busy(RuntimeError):
@@ -69,6 +90,8 @@ class Engine:
         self.dimensions: int | None = None
         self.max_tokens: int | None = None
         self.rate: int | None = None  # speech: the sampling rate the model hears or speaks
+        self.footprint_mb: int | None = None  # the weights and buffers, once loaded
+        self.load_s: float | None = None
         self.whisper = False
         self._lock = threading.Lock()  # one model call or move at a time
 
@@ -82,6 +105,7 @@ class Engine:
     def load(self) -> None:
         import torch
 
+        started = time.perf_counter()
         try:
             wanted = self.options.device
             self.device = ("cuda" if torch.cuda.is_available() else "cpu") \
@@ -105,8 +129,11 @@ class Engine:
                 self.max_tokens = self.model.max_length
             else:
                 self.model = self._pipeline(torch)
+            self.footprint_mb = _footprint_mb(self._module(torch))
+            self.load_s = round(time.perf_counter() - started, 3)
             self.state = "ready"
-            log.info("loaded %s (%s) on %s", self.options.model, self.options.task, self.device)
+            log.info("loaded %s (%s) on %s in %.2fs, %s MB", self.options.model,
+                     self.options.task, self.device, self.load_s, self.footprint_mb)
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.exception("loading %s failed", self.options.model)
@@ -243,8 +270,6 @@ class Engine:
         return self._move(self.device, "offloaded", "ready")
 
     def _move(self, device: str, source: str, target: str) -> dict[str, Any]:
-        import time
-
         import torch
 
         with self._lock:
@@ -255,16 +280,26 @@ class Engine:
             started = time.perf_counter()
             # a pipeline's model moves; the pipeline keeps sending inputs to self.device,
             # which is where the model is whenever a request runs (none runs parked)
-            movable = self.model.model if self.options.task in ("stt", "tts") else self.model
-            movable.to(device)
+            self._module(torch).to(device)
             if device == "cpu" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.state = target
             return {"state": self.state, "seconds": round(time.perf_counter() - started, 4)}
 
+    def _module(self, torch: Any) -> Any:
+        """The torch module that holds the weights (a pipeline's or CrossEncoder's model)."""
+        model = self.model
+        return model if isinstance(model, torch.nn.Module) else model.model
+
     def report(self) -> dict[str, Any]:
+        """``GET /health``: the state, and what the coordinator learns the model's size from
+        (CUDA's figures on a GPU; the weights' size everywhere)."""
         speech = {"sampling_rate": self.rate} if self.rate else {}
         return {"state": self.state, "error": self.error, "task": self.options.task,
-                "device": self.device, "tier": "cpu" if self.state == "offloaded" else
+                "model": self.options.model, "device": self.device,
+                "tier": "cpu" if self.state == "offloaded" else
                 ("gpu" if self.device == "cuda" else "cpu"),
-                "dimensions": self.dimensions, "max_tokens": self.max_tokens, **speech}
+                "dimensions": self.dimensions, "max_tokens": self.max_tokens,
+                "loads_from_disk": 1 if self.footprint_mb is not None else 0,
+                "load_s": self.load_s, "footprint_mb": self.footprint_mb,
+                "memory": _cuda_memory() if self.device == "cuda" else {}, **speech}
