@@ -136,6 +136,12 @@ class Settings(BaseSettings):
     preload: list[str] = Field(default_factory=list)
     ram_reserve_mb: int = Field(default=4096, ge=0)
     max_offloaded_mb: int | None = Field(default=None, ge=0)
+    # llama.cpp models' prompt caches saved when they are evicted or unloaded and restored at
+    # their next load: at most this much on disk (0: off), least recently used out first
+    prompt_cache_mb: int = Field(default=4096, ge=0)
+    prompt_cache_dir: Path | None = None  # default: <state_dir>/prompt-cache
+    prompt_cache_min_tokens: int = Field(default=512, ge=1)  # a shorter prompt is not kept
+    prompt_cache_save_s: float = Field(default=10.0, gt=0)  # a swap waits at most this long
     spare_workers: bool = True  # a pre-started diffusers worker waits for the next cold load
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
@@ -231,6 +237,10 @@ class Settings(BaseSettings):
         return self.state_dir.expanduser()
 
     @property
+    def prompt_cache_path(self) -> Path:
+        return (self.prompt_cache_dir or self.state_dir / "prompt-cache").expanduser()
+
+    @property
     def models_path(self) -> Path:
         return self.models_dir.expanduser()
 
@@ -247,7 +257,7 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             return {}
         data = read_yaml_mapping(path)
         base = path.parent
-        for key in ("tasks_file", "models_dir", "state_dir"):
+        for key in ("tasks_file", "models_dir", "state_dir", "prompt_cache_dir"):
             if isinstance(data.get(key), str):
                 data[key] = _relative_to(base, data[key])
         manifests = data.get("manifests")

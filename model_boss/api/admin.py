@@ -54,7 +54,17 @@ async def models(request: Request) -> dict[str, Any]:
 @router.get("/api/v1/models/{model_id:path}/status")
 async def model_status(request: Request, model_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
-    return coord.pool.slot(coord.catalog.get(model_id).manifest.id).to_dict()
+    model = coord.catalog.get(model_id).manifest.id
+    return {**coord.pool.slot(model).to_dict(),
+            "prompt_cache": coord.pool.prompt_cache.stats(model)}
+
+
+@router.delete("/api/v1/models/{model_id:path}/cache")
+async def clear_prompt_cache(request: Request, model_id: str) -> dict[str, Any]:
+    """Remove the model's saved prompt caches (every shelf: all its settings)."""
+    coord = coordinator_of(request)
+    model = coord.catalog.get(model_id).manifest.id
+    return {"model": model, **coord.pool.prompt_cache.clear(model)}
 
 
 @router.post("/api/v1/models/{model_id:path}/load")

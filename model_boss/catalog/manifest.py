@@ -81,6 +81,9 @@ class ModelManifest(BaseModel):
     flash_attn: bool | Literal["auto", "on", "off"] = "auto"
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    # llama.cpp's host-RAM prompt cache (--cache-ram, MiB): many conversations on one loaded
+    # model keep their prefixes; None: llama.cpp's default, 0: off
+    cache_ram_mb: int | None = Field(default=None, ge=0)
     embeddings: bool = False
     pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None  # None: the GGUF's
     reranking: bool = False

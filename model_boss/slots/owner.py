@@ -351,6 +351,10 @@ class SlotOwner:
         lease, s.lease, s.placement = s.lease, None, None
         try:
             if backend is not None:
+                retire = getattr(backend, "retire", None)
+                if retire is not None and event == "unloaded":  # a planned stop, not a failure
+                    with contextlib.suppress(Exception):
+                        await retire()  # a llama model saves its prompt caches (bounded)
                 with contextlib.suppress(Exception):
                     await backend.stop()
         finally:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..backends.base import InferenceBackend
+from ..backends.llama.prompt_cache import PromptCache
 from ..backends.spare import SpareWorkers
 from ..catalog import BackendKind, Catalog, CatalogEntry
 from ..errors import CapacityExceeded, LeaseUnavailable, LoadFailed
@@ -65,6 +66,9 @@ class ModelPool:
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
         self.spares = SpareWorkers(settings, events)
+        self.prompt_cache = PromptCache(settings.prompt_cache_path, settings.prompt_cache_mb,
+                                        settings.prompt_cache_min_tokens,
+                                        settings.prompt_cache_save_s)
         self._tasks: set[asyncio.Task] = set()
         # The ledger: VRAM a load has evicted for and not yet leased, kept from other plans.
         self._claims: dict[str, dict[int, int]] = {}
@@ -94,6 +98,8 @@ class ModelPool:
         backend = self.backend_factory(entry, self.settings)
         if hasattr(backend, "spares"):
             backend.spares = self.spares
+        if hasattr(backend, "prompt_cache"):
+            backend.prompt_cache = self.prompt_cache
         return backend
 
     def stay_warm_for(self, entry: CatalogEntry) -> float:

@@ -5,7 +5,7 @@
         [--parallel N] [--chat-template NAME | --chat-template-file FILE]
         [--flash-attn on|off|auto] [--cache-type-k f16] [--cache-type-v f16]
         [--embeddings] [--pooling mean] [--reranking] [--alias NAME] [--metrics] [--parent-pid PID]
-        [--fit-only]
+        [--slot-save-path DIR] [--cache-ram MiB] [--fit-only]
 
 The API key comes from ``LLAMA_API_KEY`` (``--api-key`` is accepted too, but shows in ``ps``).
 """
@@ -51,6 +51,8 @@ class WorkerOptions:
     api_key: str | None = None
     parent_pid: int | None = None
     fit_only: bool = False  # print llama.cpp's memory projection and exit (``fit``)
+    slot_save_path: str | None = None  # where POST /slots/{id}?action=save|restore files live
+    cache_ram_mib: int | None = None  # llama.cpp's host-RAM prompt cache (None: its default)
 
 
 def _split(text: str) -> tuple[float, ...]:
@@ -85,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--slot-save-path", default=None)
+    parser.add_argument("-cram", "--cache-ram", type=int, default=None)
     parser.add_argument("--fit-only", action="store_true",
                         help="print llama.cpp's memory projection for these flags and exit")
     args = parser.parse_args(argv)
@@ -102,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         reranking=args.reranking, mmproj=args.mmproj,
         alias=args.alias, metrics=args.metrics,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        parent_pid=args.parent_pid, fit_only=args.fit_only)
+        parent_pid=args.parent_pid, fit_only=args.fit_only,
+        slot_save_path=args.slot_save_path, cache_ram_mib=args.cache_ram)
 
 
 def to_params(options: WorkerOptions) -> Any:
@@ -148,6 +153,10 @@ def to_params(options: WorkerOptions) -> Any:
         p.api_keys = [options.api_key]
     p.endpoint_metrics = options.metrics
     p.endpoint_slots = True
+    if options.slot_save_path:
+        p.slot_save_path = options.slot_save_path.rstrip("/") + "/"
+    if options.cache_ram_mib is not None:
+        p.cache_ram_mib = options.cache_ram_mib
     p.ui = False
     # the coordinator places the model (layers, split, context); llama.cpp must not re-fit it
     p.fit_params = False

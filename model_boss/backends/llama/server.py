@@ -10,6 +10,7 @@ set and ``native`` otherwise.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ from ...gpu.placement import Placement
 from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
 from .collect import as_stream, collect, collectable
+from .prompt_cache import PromptCache
 from .report import server_report
 
 ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
@@ -73,9 +75,46 @@ class LlamaServerBackend(HttpWorkerBackend):
 
 class LlamaCppServerBackend(LlamaServerBackend):
     """llama.cpp's own server (native or binary): one flag per manifest field, the API key in
-    ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in."""
+    ``LLAMA_API_KEY`` (which ``llama-server`` reads), ``/health`` 200 once the model is in;
+    its slots' prompt caches saved on a planned stop and restored at the next load
+    (:mod:`.prompt_cache`)."""
 
     secret_env = "LLAMA_API_KEY"
+    prompt_cache: PromptCache | None = None  # the pool's
+    _shelf: Path | None = None
+
+    def build_id(self) -> str:
+        """What identifies the llama.cpp build (a saved KV cache is only valid for it)."""
+        return "unknown"
+
+    def cache_shelf(self) -> Path | None:
+        """This load's folder of saved slots, or None when prompts are not kept (off, or a
+        model that generates nothing: an embedder or a reranker)."""
+        m, cache = self.manifest, self.prompt_cache
+        if cache is None or not cache.enabled or m.embeddings or m.reranking or m.pooling \
+                or self.entry.path is None:
+            return None
+        model = Path(self.entry.path).resolve()
+        stat = model.stat()
+        return cache.shelf(m.id, {
+            "model": str(model), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "ctx_size": m.ctx_size, "parallel": m.concurrency, "cache_type_k": m.cache_type_k,
+            "cache_type_v": m.cache_type_v, "flash_attn": m.flash_attn,
+            "mmproj": m.mmproj, "build": self.build_id()})
+
+    async def start(self, port: int, placement: Placement | None) -> None:
+        """Start, then put back the slots saved when the model last left (before any request
+        runs: the slot is LOADING until this returns)."""
+        await super().start(port, placement)
+        if self._shelf is not None and self.prompt_cache is not None and self._client:
+            await self.prompt_cache.restore(self._client, self._shelf, self.manifest.id,
+                                            self.manifest.concurrency)
+
+    async def retire(self) -> None:
+        """A planned stop (eviction, unload, shutdown): save the slots' prompts first."""
+        if self._shelf is not None and self.prompt_cache is not None and self._client \
+                and self.alive:
+            await self.prompt_cache.save(self._client, self._shelf, self.manifest.id)
 
     @property
     def speaks_anthropic(self) -> bool:
@@ -141,6 +180,11 @@ class LlamaCppServerBackend(LlamaServerBackend):
             flags += ["--pooling", m.pooling]
         if m.reranking:
             flags.append("--reranking")
+        self._shelf = self.cache_shelf()
+        if self._shelf is not None:
+            flags += ["--slot-save-path", str(self._shelf)]
+        if m.cache_ram_mb is not None:
+            flags += ["--cache-ram", str(m.cache_ram_mb)]
         return flags
 
     def template_flags(self) -> list[str]:
@@ -173,6 +217,12 @@ class NativeLlamaBackend(LlamaCppServerBackend):
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
         return env
 
+    def build_id(self) -> str:
+        try:
+            return "xllamacpp " + importlib.metadata.version("xllamacpp")
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
+
 
 class BinaryLlamaBackend(LlamaCppServerBackend):
     """An external ``llama-server`` (``settings.llama_server_binary``, else from PATH)."""
@@ -187,6 +237,11 @@ class BinaryLlamaBackend(LlamaCppServerBackend):
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         return [self.binary(), *self.server_flags(port, placement), *self.manifest.args]
+
+    def build_id(self) -> str:
+        binary = Path(self.binary()).resolve()
+        stat = binary.stat()
+        return f"{binary} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def template_file(manifest: ModelManifest) -> Path | None:
