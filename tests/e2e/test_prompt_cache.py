@@ -71,6 +71,18 @@ def test_a_swap_back_restores_the_prompt_and_answers_the_same(server):
     b = cache_of(server, "b")
     assert b["restores"] == 0 and b["files"] == 0  # nothing of a's ever went into b
 
+    # each API says so in its own words: Anthropic's cache_read_input_tokens ...
+    message = httpx.post(server.url + "/v1/messages", timeout=300, json={
+        "model": "a", "max_tokens": 4, "temperature": 0, "system": PREFIX,
+        "messages": [{"role": "user", "content": "What comes after 7?"}]}).json()
+    assert message["usage"]["cache_read_input_tokens"] > 1000, message["usage"]
+    # ... and llama.cpp's timings.cache_n (the same conversation, rendered by its template)
+    rendered = httpx.post(server.url + "/apply-template", timeout=60,
+                          json={"model": "a", "messages": QUESTION}).json()["prompt"]
+    native = httpx.post(server.url + "/completion", timeout=300, json={
+        "model": "a", "prompt": rendered, "n_predict": 2, "temperature": 0}).json()
+    assert native["timings"]["cache_n"] > 1000, native["timings"]
+
     # the files are the coordinator user's alone; nothing half-written is left
     files = shelf_files(server)
     assert files and all(f.suffix in (".bin", ".json") for f in files)
