@@ -78,6 +78,7 @@ class PromptCache:
         self.min_tokens = min_tokens
         self.save_s = save_s
         self.counts: dict[str, dict[str, int]] = {}  # model → saves, restores, restored_tokens
+        self.timings: dict[str, dict[str, float]] = {}  # model → last save_s, restore_s
 
     @property
     def enabled(self) -> bool:
@@ -108,9 +109,13 @@ class PromptCache:
             async with asyncio.timeout(self.save_s):
                 reply = await client.get("/slots")
                 slots = reply.json() if reply.status_code == 200 else []
+                started = time.perf_counter()
                 for slot in slots if isinstance(slots, list) else []:
                     if int(slot.get("n_prompt_tokens") or 0) >= self.min_tokens:
                         saved += await self._save_slot(client, shelf, model_id, int(slot["id"]))
+                if saved:
+                    self.timings.setdefault(model_id, {})["last_save_s"] = round(
+                        time.perf_counter() - started, 3)
         except (TimeoutError, httpx.HTTPError, ValueError, KeyError, TypeError, OSError) as exc:
             log.warning("prompt cache of %s not saved: %s", model_id, exc)
         self.enforce()
@@ -154,6 +159,7 @@ class PromptCache:
         llama.cpp refuses is removed. Never raises."""
         self.tidy(shelf)
         restored = 0
+        started = time.perf_counter()
         try:
             async with asyncio.timeout(self.save_s):
                 for path in self._saves(shelf):
@@ -174,6 +180,9 @@ class PromptCache:
                     self._count(model_id, restores=1, restored_tokens=tokens)
         except (TimeoutError, httpx.HTTPError, ValueError, OSError) as exc:
             log.warning("prompt cache of %s not restored: %s", model_id, exc)
+        if restored:
+            self.timings.setdefault(model_id, {})["last_restore_s"] = round(
+                time.perf_counter() - started, 3)
         return restored
 
     # -- files ---------------------------------------------------------------------------
@@ -226,4 +235,5 @@ class PromptCache:
         files = self.files(model_id)
         return {"enabled": self.enabled, "files": len(files),
                 "mb": round(sum(f.size for f in files) / MB, 1),
-                **self.counts.get(model_id, {"saves": 0, "restores": 0, "restored_tokens": 0})}
+                **self.counts.get(model_id, {"saves": 0, "restores": 0, "restored_tokens": 0}),
+                **self.timings.get(model_id, {})}
