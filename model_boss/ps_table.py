@@ -63,6 +63,11 @@ def render_ps(status: dict[str, Any], now: float) -> str:
                      f"{processor(s)[:26]:<27}{until(s, now)[:19]:<20}"
                      f"{est.get('mb', '-'):>8} {est.get('rung', '-'):<14}"
                      f"{s.get('pid') or '-':>8}{s.get('active_requests', 0):>7}")
+    kept = [f"{s['model']} {s['prompt_cache']['files']} saved "
+            f"({human_size(s['prompt_cache']['mb'])}, restored {s['prompt_cache']['restores']}x)"
+            for s in status["slots"] if (s.get("prompt_cache") or {}).get("files")]
     lines.append("")
+    if kept:
+        lines.append("prompt caches: " + "; ".join(kept))
     lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}")
     return "\n".join(lines)

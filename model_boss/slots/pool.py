@@ -383,6 +383,7 @@ class ModelPool:
                 with contextlib.suppress(Exception):
                     data["vram_estimate"] = self.estimate(slot.entry).to_dict()
             data["learned"] = asdict(self.learned.get(slot.model_id))
+            data["prompt_cache"] = self.prompt_cache.stats(slot.model_id)
             with contextlib.suppress(Exception):  # a status read never fails on a bad file
                 data["processor"] = self.processor(slot).to_dict()
             result.append(data)

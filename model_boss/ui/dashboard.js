@@ -483,6 +483,9 @@ function modelCard(m) {
       h("dt", {}, "Last load"), h("dd", {}, slot?.last_load_s
         ? `${slot.last_load_s.toFixed(1)} s${slot.loaded_at ? ` at ${fmtClock(slot.loaded_at)}` : ""} · ${slot.loads} load${slot.loads === 1 ? "" : "s"}`
         : "never"),
+      slot?.prompt_cache?.files ? [h("dt", {}, "Prompt cache"), h("dd", {class: "prompt-cache"},
+        `${slot.prompt_cache.files} saved · ${fmtMB(slot.prompt_cache.mb)} · ` +
+        `${slot.prompt_cache.restores} restored (${slot.prompt_cache.restored_tokens} tokens)`)] : null,
       slot?.last_error ? [h("dt", {}, "Last error"), h("dd", {class: "error"}, slot.last_error)] : null,
       m.available ? null : [h("dt", {}, "Why"), h("dd", {}, m.unavailable_reason || "unavailable")]),
     h("div", {class: "actions"},

@@ -89,7 +89,8 @@ def test_render_ps_shows_each_slot_as_it_is():
             _slot("parked", "offloaded", "cpu", processor_split(
                 **{**BASE, "tier": "cpu", "leased_mb": 0}).to_dict(), pinned=True),
             _slot("cold", "idle", "disk", processor_split(
-                **{**BASE, "tier": "disk", "leased_mb": 0}).to_dict()),
+                **{**BASE, "tier": "disk", "leased_mb": 0}).to_dict(),
+                  prompt_cache={"files": 1, "mb": 62.3, "restores": 2}),
         ],
         "queue": {"depth": 2}, "leases": [{}, {}]}
     text = render_ps(status, NOW)
@@ -101,6 +102,7 @@ def test_render_ps_shows_each_slot_as_it_is():
     assert "100% CPU" in rows["parked"] and "Forever (pinned)" in rows["parked"]
     assert "GPU" not in rows["cold"].split("idle")[1]
     assert "queue depth: 2   leases: 2" in text
+    assert "prompt caches: cold 1 saved (62 MB, restored 2x)" in text  # only where kept
     header = next(line for line in text.splitlines() if line.startswith("MODEL"))
     assert all(col in header for col in ("SIZE", "PROCESSOR", "UNTIL"))
 
