@@ -64,6 +64,9 @@ class InferenceBackend(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def retire(self) -> None:
+        """A planned stop follows (eviction, unload, shutdown): keep what can be kept."""
+
     async def health_check(self) -> bool: ...
 
     async def handle_request(self, endpoint: str, body: dict[str, Any],
@@ -227,6 +230,9 @@ class HttpWorkerBackend:
     async def health_check(self) -> bool:
         response = await self._health()
         return response is not None and response.status_code == 200
+
+    async def retire(self) -> None:
+        """Nothing to keep by default (a llama.cpp server saves its prompt caches)."""
 
     async def stop(self) -> None:
         if self.process is not None:

@@ -73,6 +73,9 @@ class CloudBackend:
         self._client = UpstreamClient(m.base_url or "", timeout_s=self.settings.request_timeout_s,
                                       max_connections=MAX_CONNECTIONS)
 
+    async def retire(self) -> None:
+        """A remote keeps nothing of ours."""
+
     async def stop(self) -> None:
         """Close the pooled client (and its keep-alive connections)."""
         if self._client is not None:

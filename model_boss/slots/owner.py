@@ -1,17 +1,15 @@
 """SlotOwner: the one writer of a ModelSlot's state, lease and worker process.
 
-Everyone else asks it. Requests call :meth:`try_acquire` / :meth:`release` (synchronous, so a
-grant is decided with no ``await`` between the check and the count); lifecycle callers call
-:meth:`ensure_ready`, :meth:`evict`, :meth:`offload` and :meth:`unload`. Lifecycle work runs as
-one *operation* task at a time per slot; a second caller joins (load) or waits for it. The state
-that blocks new grants (DRAINING, OFFLOADING, STOPPING) is set before the first ``await`` of
-every operation. A crash, a lost lease or a dead process found at grant time take the slot out
-of READY synchronously, before any later grant.
+Everyone else asks it. Requests call :meth:`try_acquire` / :meth:`release` (synchronous, so a grant
+is decided with no ``await`` between the check and the count); lifecycle callers call
+:meth:`ensure_ready`, :meth:`evict`, :meth:`offload` and :meth:`unload`, run as one *operation*
+task at a time per slot (a second caller joins a load, or waits). The state that blocks new grants
+(DRAINING, OFFLOADING, STOPPING) is set before an operation's first ``await``. A crash, a lost
+lease or a dead process found at grant time take the slot out of READY synchronously.
 
-Waiters: every request queued for the model and every :meth:`ensure_ready` caller (an admin
-load, a preload) counts as one. When the last one gives up (a client that went away, a
-cancelled job) while a cold load is still cancellable, the owner cancels that load: its worker
-is stopped, its lease released, the slot back to IDLE. A load someone still waits for goes on.
+Waiters: every request queued for the model and every :meth:`ensure_ready` caller (an admin load, a
+preload) counts as one. When the last one gives up (a client gone, a job cancelled) while a cold
+load is still cancellable, the owner cancels it: worker stopped, lease released, slot IDLE.
 """
 
 from __future__ import annotations
@@ -129,8 +127,8 @@ class SlotOwner:
     # -- lifecycle: public ----------------------------------------------------------------
 
     async def ensure_ready(self, priority: int) -> ModelSlot:
-        """The slot READY: joins a load in flight, never starts a second one; waits out an
-        offload or stop in flight, then loads (an OFFLOADED slot is onloaded)."""
+        """The slot READY: joins a load in flight (never a second), waits out an offload or
+        a stop, then loads (an OFFLOADED slot is onloaded)."""
         self.wait_begins()
         gave_up = False
         try:
@@ -165,8 +163,7 @@ class SlotOwner:
                     raise LoadFailed(f"loading '{self.model_id}' failed: {exc}") from exc
 
     def start_load(self, priority: int) -> asyncio.Task | None:
-        """Begin a load now unless an operation is in flight. Returns the load to watch (the
-        one in flight, if that is a load), or None when there is nothing to load now."""
+        """Begin a load unless one is in flight (then that one); None: nothing to load now."""
         if self.busy:
             return self._op if self._op_kind == "load" else None
         if self.slot.state not in (S.IDLE, S.OFFLOADED):
@@ -225,8 +222,8 @@ class SlotOwner:
             s.lease = None
 
     async def check_health(self, failures_to_stop: int = 3) -> bool:
-        """Ask an idle READY worker whether it is healthy; after ``failures_to_stop`` failed
-        checks in a row the slot leaves READY and the worker is stopped (next request reloads)."""
+        """Ask an idle READY worker if it is healthy; ``failures_to_stop`` failures in a row
+        and it leaves READY, its worker stopped (the next request reloads it)."""
         s = self.slot
         backend = s.backend
         if s.state != S.READY or self.busy or backend is None:
@@ -351,10 +348,9 @@ class SlotOwner:
         lease, s.lease, s.placement = s.lease, None, None
         try:
             if backend is not None:
-                retire = getattr(backend, "retire", None)
-                if retire is not None and event == "unloaded":  # a planned stop, not a failure
+                if event == "unloaded":  # planned: a llama model saves its prompt caches
                     with contextlib.suppress(Exception):
-                        await retire()  # a llama model saves its prompt caches (bounded)
+                        await backend.retire()
                 with contextlib.suppress(Exception):
                     await backend.stop()
         finally:

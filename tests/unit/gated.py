@@ -62,6 +62,10 @@ class GatedBackend:
         await self.gates.passing("start")
         self.alive = True
 
+    async def retire(self) -> None:  # a planned stop's save (a llama model's prompt caches)
+        self._note("retire")
+        await self.gates.passing("retire")
+
     async def stop(self) -> None:
         self._note("stop")
         await self.gates.passing("stop")

@@ -282,3 +282,32 @@ async def test_admin_load_over_http_joins_a_request_load(tmp_path):
         assert steps(log, "start", "q") == 1
     finally:
         await coord.stop()
+
+
+async def test_a_save_on_the_way_out_holds_the_vram_until_the_worker_is_gone(two_models):
+    """An evicted llama model saves its prompt caches before it stops: all that time its lease
+    holds the VRAM, so the model that evicted it starts only after the worker is gone."""
+    coord, gates, log = two_models
+    (await acquire(coord, "q")).release()  # q cannot be parked: eviction stops it
+    gates.hold("retire")
+    wanted = asyncio.create_task(acquire(coord, "p"))
+    await gates.reached("retire")
+    assert coord.pool.slots["q"].state == S.STOPPING
+    await asyncio.sleep(0.05)
+    assert steps(log, "start", "p") == 0  # no second model in the VRAM q still holds
+    await assert_no_overlap(coord)
+    gates.open("retire")
+    (await asyncio.wait_for(wanted, 2)).release()
+    order = [step for step, model, _ in log if (step, model) in
+             {("retire", "q"), ("stop", "q"), ("start", "p")}]
+    assert order == ["retire", "stop", "start"]
+
+
+async def test_a_crashed_worker_is_not_saved(two_models):
+    coord, gates, log = two_models
+    (await acquire(coord, "q")).release()
+    backend = coord.pool.slots["q"].backend
+    backend.die()
+    coord.pool.owner("q").worker_exited(backend, -9)
+    await asyncio.sleep(0.05)
+    assert steps(log, "retire", "q") == 0 and steps(log, "stop", "q") == 1
