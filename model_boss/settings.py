@@ -142,6 +142,9 @@ class Settings(BaseSettings):
     prompt_cache_dir: Path | None = None  # default: <state_dir>/prompt-cache
     prompt_cache_min_tokens: int = Field(default=512, ge=1)  # a shorter prompt is not kept
     prompt_cache_save_s: float = Field(default=10.0, gt=0)  # a swap waits at most this long
+    # llama.cpp's own host-RAM prompt cache for every llama model whose manifest sets no
+    # cache_ram_mb (--cache-ram, MiB; 0: off; None: llama.cpp's default)
+    llama_cache_ram_mb: int | None = Field(default=None, ge=0)
     spare_workers: bool = True  # a pre-started diffusers worker waits for the next cold load
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)

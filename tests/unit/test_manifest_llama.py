@@ -84,6 +84,8 @@ def test_the_pool_factory_builds_the_kind_and_keeps_one_choice_per_request():
     ({"embeddings": True}, None, {"--embeddings": True}),
     ({"embeddings": True, "pooling": "mean"}, None, {"--embeddings": True, "--pooling": "mean"}),
     ({"reranking": True}, None, {"--reranking": True}),
+    ({"cache_ram_mb": 2048}, None, {"--cache-ram": "2048"}),
+    ({"cache_ram_mb": 0}, None, {"--cache-ram": "0"}),
     ({"chat_template": "llama3"}, None, {"--chat-template": "llama3"}),
     ({"chat_template": "/templates/mine.jinja"}, None,
      {"--chat-template-file": "/templates/mine.jinja"}),
@@ -99,7 +101,7 @@ def test_manifest_fields_map_to_llama_server_flags(fields, placement, expected):
 @pytest.mark.parametrize("fields, absent", [
     ({}, ["--tensor-split", "--main-gpu", "--threads", "--flash-attn", "--cache-type-k",
           "--cache-type-v", "--chat-template", "--chat-template-file", "--embeddings",
-          "--pooling", "--reranking", "--api-key"]),
+          "--pooling", "--reranking", "--api-key", "--cache-ram", "--slot-save-path"]),
     ({"chat_template": "native"}, ["--chat-template", "--chat-template-file"]),
     ({"chat_template": "alpaca"}, ["--chat-template", "--chat-template-file"]),
 ])
@@ -187,3 +189,31 @@ def test_native_worker_reads_its_key_from_the_environment(monkeypatch):
     assert parse_args(["--model", "m", "--port", "1"]).api_key == "from-env"
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--port", "1", "--no-such-flag"])
+
+
+def test_the_settings_give_every_llama_model_its_ram_prompt_cache():
+    settings = Settings(llama_cache_ram_mb=512)
+    assert flags_of(backend(settings=settings).server_flags(1, None))["--cache-ram"] == "512"
+    mine = backend(settings=settings, cache_ram_mb=64).server_flags(1, None)
+    assert flags_of(mine)["--cache-ram"] == "64"  # the manifest's own wins
+
+
+def test_a_generating_model_gets_a_shelf_for_its_saved_slots(tmp_path):
+    from model_boss.backends.llama.prompt_cache import PromptCache
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    cache = PromptCache(tmp_path / "cache", 100, 512, 5)
+
+    def shelf(cls=NativeLlamaBackend, **fields) -> str | None:
+        made = cls(CatalogEntry(ModelManifest(id="m", path=str(gguf), **fields), gguf),
+                   Settings())
+        made.prompt_cache = cache
+        return flags_of(made.server_flags(1, None)).get("--slot-save-path")
+
+    chat = shelf()
+    assert chat is not None and Path(chat).parent.parent == cache.root
+    assert shelf(ctx_size=8192) != chat and shelf(cache_type_k="q8_0") != chat
+    assert shelf(embeddings=True) is None and shelf(reranking=True) is None
+    cache.bound_bytes = 0  # prompt_cache_mb: 0
+    assert shelf() is None

@@ -183,8 +183,10 @@ class LlamaCppServerBackend(LlamaServerBackend):
         self._shelf = self.cache_shelf()
         if self._shelf is not None:
             flags += ["--slot-save-path", str(self._shelf)]
-        if m.cache_ram_mb is not None:
-            flags += ["--cache-ram", str(m.cache_ram_mb)]
+        cache_ram = m.cache_ram_mb if m.cache_ram_mb is not None \
+            else self.settings.llama_cache_ram_mb
+        if cache_ram is not None:
+            flags += ["--cache-ram", str(cache_ram)]
         return flags
 
     def template_flags(self) -> list[str]:
