@@ -1,7 +1,7 @@
 """A minimal, fast OpenAI-compatible server: the stand-in for a cloud remote, as a real process.
 
     python -m tests.fake_upstream --port N [--require-key KEY] [--fail-status 500]
-        [--chunk-delay-ms 0] [--chunks 5] [--break-after N]
+        [--chunk-delay-ms 0] [--chunks 5] [--break-after N] [--answer-delay-ms 0]
 
 ``POST /v1/chat/completions`` answers with the last user message and the model name it
 received (``echo: <text>``, ``model: <name>``); a stream sends ``--chunks`` chunks, each
@@ -140,7 +140,7 @@ async def messages_answer(send: Send, body: dict[str, Any], chunks: int) -> None
 
 def make_app(require_key: str | None = None, fail_status: int | None = None,
              chunk_delay_ms: float = 0.0, chunks: int = 5,
-             break_after: int | None = None) -> ASGIApp:
+             break_after: int | None = None, answer_delay_ms: float = 0.0) -> ASGIApp:
     """The ASGI app, configured by the command-line flags."""
     expected = f"Bearer {require_key}".encode() if require_key else None
     anthropic_key = require_key.encode() if require_key else None
@@ -232,6 +232,8 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
                                                       "boom"))
             return
         model = body.get("model")
+        if answer_delay_ms:  # a remote that takes its time (queue benchmarks)
+            await asyncio.sleep(answer_delay_ms / 1000)
         if body.get("stream"):
             await stream(send, model, body)
             return
@@ -265,11 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=5, help="content chunks per stream")
     parser.add_argument("--break-after", type=int,
                         help="drop the connection after this many streamed chunks")
+    parser.add_argument("--answer-delay-ms", type=float, default=0.0,
+                        help="pause before every chat answer")
     args = parser.parse_args(argv)
     import uvicorn
 
     uvicorn.run(make_app(args.require_key, args.fail_status, args.chunk_delay_ms, args.chunks,
-                         args.break_after),
+                         args.break_after, args.answer_delay_ms),
                 host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 loop=fastest("uvloop", "asyncio"),
                 http=fastest("httptools", "h11"), lifespan="on")

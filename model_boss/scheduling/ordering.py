@@ -58,6 +58,12 @@ def rank_on_arrival(waiting: Iterable[Waiter], client_id: str, priority: int,
     their places as earlier ones are served, and a client's offset never exceeds its own
     backlog (bounded by its queue limit)."""
     ahead = sum(1 for w in waiting if w.client_id == client_id and w.priority == priority)
+    return fair_rank(ahead, share)
+
+
+def fair_rank(ahead: int, share: float = 1.0) -> float:
+    """The rank of a request with ``ahead`` of its client's requests of its priority already
+    waiting (the queue keeps that count as requests come and go)."""
     return ahead / max(share, 1e-6)
 
 

@@ -28,9 +28,9 @@ from ..errors import (
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
-from .ordering import OrderPolicy, effective_priority, rank_on_arrival, serving_order
+from .ordering import OrderPolicy, effective_priority, fair_rank, serving_order
 from .planner import Evict, Never, Wait
-from .request import QueuedRequest, SlotTicket
+from .request import Backlog, QueuedRequest, SlotTicket
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
 from .seams import SlotBoard, SlotGate
@@ -52,7 +52,7 @@ class InferenceQueue:
         self.requestors = RequestorRegistry()
         self.request_log = RequestLog(settings.state_path / "requests.jsonl"
                                       if settings.request_log else None)
-        self._pending: list[QueuedRequest] = []
+        self._pending = Backlog()
         self._wake = asyncio.Event()
         self._in_flight_by_client: dict[str, int] = {}
         self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
@@ -91,9 +91,9 @@ class InferenceQueue:
         if request.budget_s is not None:
             wait_cap = min(wait_cap, request.budget_s)
         request.deadline = request.submitted_at + wait_cap
-        request.rank = rank_on_arrival((r.waiter for r in self._pending), request.client_id,
-                                       request.priority, request.share)
-        self._pending.append(request)
+        request.rank = fair_rank(self._pending.of_client(request.client_id, request.priority),
+                                 request.share)
+        self._pending.add(request)
         self.requestors.submitted(request.client_id)
         if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
             owner = self.pool.owners.get(request.model_id)
@@ -117,8 +117,7 @@ class InferenceQueue:
                              client=request.client_id)
             raise
         finally:
-            if request in self._pending:
-                self._pending.remove(request)
+            if self._pending.discard(request):
                 self.requestors.dequeued(request.client_id)
                 self.wake()
             if waiting_on is not None:  # the last to give up cancels a load nobody wants
@@ -129,9 +128,10 @@ class InferenceQueue:
         slot = self.pool.slots.get(request.model_id)
         learned = self.pool.learned
         warm = slot is not None and slot.state == SlotState.READY
-        ahead = (slot.active if slot else 0) + sum(
-            1 for r in self._pending if r.model_id == request.model_id
-            and (r.priority, r.submitted_at) <= (request.priority, request.submitted_at))
+        # every waiting request came earlier: those ahead are the ones of its priority or a
+        # more important one
+        ahead = (slot.active if slot else 0) + self._pending.of_model(request.model_id,
+                                                                      request.priority)
         size = 0
         if not warm:
             entry = self.pool.catalog.find(request.model_id)
@@ -152,8 +152,8 @@ class InferenceQueue:
             ("queue_full", len(self._pending), settings.max_queue_depth, "the queue"),
             ("client_queue_full", self.requestors.get(request.client_id).queued, client_limit,
              f"client '{request.client_id}'s share of the queue"),
-            ("model_queue_full", sum(1 for r in self._pending if r.model_id == request.model_id),
-             model_limit, f"the queue for '{request.model_id}'"),
+            ("model_queue_full", self._pending.of_model(request.model_id), model_limit,
+             f"the queue for '{request.model_id}'"),
         ]
         for code, waiting, limit, what in checks:
             if limit is not None and waiting >= limit:
@@ -210,7 +210,7 @@ class InferenceQueue:
         slot = owner.slot
         self._in_flight_by_client[request.client_id] = (
             self._in_flight_by_client.get(request.client_id, 0) + 1)
-        self._pending.remove(request)
+        self._pending.discard(request)
         self.requestors.started(request.client_id)
         self.granted_total += 1
         self.pool.rates.record(request.model_id, time.time())
@@ -237,8 +237,7 @@ class InferenceQueue:
         self.wake()
 
     def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
-        if request in self._pending:
-            self._pending.remove(request)
+        self._pending.discard(request)
         self.requestors.dequeued(request.client_id, rejected=True)
         if not request.future.done():
             request.future.set_exception(error)

@@ -1,12 +1,14 @@
-"""QueuedRequest: one request waiting for its model; SlotTicket: the right to send it to a
-READY slot once granted, released exactly once."""
+"""QueuedRequest: one request waiting for its model; Backlog: the waiting requests, with the
+counts the queue reads on every arrival kept as they come and go; SlotTicket: the right to send
+a request to a READY slot once granted, released exactly once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .ordering import Waiter
@@ -37,6 +39,58 @@ class QueuedRequest:
     def waiter(self) -> Waiter:
         return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
                       self.rank)
+
+
+class Backlog:
+    """The waiting requests in arrival order, and their counts by client and priority, by
+    model, and by model and priority: each arrival and departure O(1), each count O(1)
+    (a scan of the queue per arrival made a burst of n requests cost n²)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[QueuedRequest, None] = {}  # insertion-ordered
+        self._by_client: Counter[tuple[str, int]] = Counter()
+        self._by_model: Counter[str] = Counter()
+        self._by_model_priority: Counter[tuple[str, int]] = Counter()
+
+    def add(self, request: QueuedRequest) -> None:
+        self._requests[request] = None
+        self._by_client[request.client_id, request.priority] += 1
+        self._by_model[request.model_id] += 1
+        self._by_model_priority[request.model_id, request.priority] += 1
+
+    def discard(self, request: QueuedRequest) -> bool:
+        """Remove ``request``; False when it was not waiting."""
+        if self._requests.pop(request, False) is False:
+            return False
+        for counter, key in ((self._by_client, (request.client_id, request.priority)),
+                             (self._by_model, request.model_id),
+                             (self._by_model_priority, (request.model_id, request.priority))):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+        return True
+
+    def __contains__(self, request: object) -> bool:
+        return request in self._requests
+
+    def __iter__(self) -> Iterator[QueuedRequest]:
+        return iter(list(self._requests))  # a copy: callers may fail requests as they go
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __bool__(self) -> bool:
+        return bool(self._requests)
+
+    def of_client(self, client_id: str, priority: int) -> int:
+        return self._by_client[client_id, priority]
+
+    def of_model(self, model_id: str, at_most_priority: int | None = None) -> int:
+        """Waiting for ``model_id`` (of priority ≤ ``at_most_priority`` when given)."""
+        if at_most_priority is None:
+            return self._by_model[model_id]
+        return sum(n for (model, priority), n in self._by_model_priority.items()
+                   if model == model_id and priority <= at_most_priority)
 
 
 # the queue's bookkeeping when a ticket is released: (ticket, ok, client_fault)

@@ -71,12 +71,14 @@ async def test_warm_requests_go_before_cold_within_a_priority(coord_two):
     cold = QueuedRequest(model_id="a", priority=5, submitted_at=1.0, client_id="x")
     warm = QueuedRequest(model_id="small", priority=5, submitted_at=1.5, client_id="y")
     urgent_cold = QueuedRequest(model_id="a", priority=1, submitted_at=3.0, client_id="z")
-    coord.queue._pending.extend([cold, warm, urgent_cold])
+    for request in (cold, warm, urgent_cold):
+        coord.queue._pending.add(request)
     try:
         assert coord.queue.ordered() == [urgent_cold, warm, cold]
         assert coord.queue.wanted_models() == ("a", "small")
     finally:
-        coord.queue._pending.clear()
+        for request in (cold, warm, urgent_cold):
+            coord.queue._pending.discard(request)
 
 
 async def test_waiting_model_does_not_block_others(tmp_path):

@@ -7,6 +7,8 @@ import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_boss.errors import RateLimited
 from model_boss.scheduling.queue import QueuedRequest
@@ -127,3 +129,44 @@ async def test_priority_9_gets_through_endless_priority_0_traffic_within_the_bou
     bound = wait_bound_s(9, most_important=0, aging_s=0.2, warm_credit_s=1.0, drain_s=0.05,
                          load_s=0.1)
     assert 9 * 0.2 <= waited <= bound + 0.5, (waited, bound)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.sampled_from("ab"),
+                          st.sampled_from("xyz"), st.integers(0, 3)), max_size=60))
+def test_the_backlogs_counts_are_what_a_scan_of_it_finds(steps):
+    """The counts the queue reads on each arrival (fair-share rank, queue limits, budget
+    predictions) equal a scan of the waiting requests, whatever came and went."""
+    from model_boss.scheduling.ordering import fair_rank, rank_on_arrival
+    from model_boss.scheduling.request import Backlog
+
+    loop = asyncio.new_event_loop()
+    try:
+        made = [loop.run_until_complete(_request(model, client, priority))
+                for _, _, model, client, priority in steps]
+    finally:
+        loop.close()
+    backlog, waiting = Backlog(), []
+    for (add, pick, *_), request in zip(steps, made, strict=True):
+        if add or not waiting:
+            backlog.add(request)
+            waiting.append(request)
+        else:
+            gone = waiting.pop(pick % len(waiting))
+            assert backlog.discard(gone) and not backlog.discard(gone)
+        assert list(backlog) == waiting and len(backlog) == len(waiting)
+        for model in "ab":
+            assert backlog.of_model(model) == sum(r.model_id == model for r in waiting)
+            for p in range(4):
+                assert backlog.of_model(model, p) == sum(
+                    r.model_id == model and r.priority <= p for r in waiting)
+        for client in "xyz":
+            for p in range(4):
+                scanned = rank_on_arrival((r.waiter for r in waiting), client, p, 2.0)
+                assert fair_rank(backlog.of_client(client, p), 2.0) == scanned
+
+
+async def _request(model: str, client: str, priority: int):
+    from model_boss.scheduling.request import QueuedRequest
+
+    return QueuedRequest(model_id=model, priority=priority, client_id=client)

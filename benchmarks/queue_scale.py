@@ -1,0 +1,115 @@
+"""N chat requests at once for one model: does the coordinator stay cheap as its queue grows?
+
+A ``cloud`` model with ``parallel: 4`` over a local stand-in remote (``tests/fake_upstream.py``)
+that answers after 20 ms, so the ideal wall time is N / 4 × 20 ms; the requests come from 8
+client ids; the queue limits are raised so every request is admitted. For each N the client
+sends all N at once (one asyncio process, one connection per request) and waits for the last
+answer. Prints one table: wall time, its ratio to the ideal, and the CPU seconds per request
+of the coordinator, the client and the stand-in (all three share this box).
+
+    .venv/bin/python benchmarks/queue_scale.py [--sizes 250,1000,4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.harness import BenchServer, free_port, wait_for
+
+PARALLEL = 4
+DELAY_MS = 20.0
+CLIENTS = 8
+
+
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+async def burst(url: str, n: int) -> float:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        async def one(i: int) -> int:
+            async with session.post(url + "/v1/chat/completions", json={
+                    "model": "remote", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": f"request {i}"}]},
+                    headers={"x-client-id": f"client-{i % CLIENTS}"}) as reply:
+                await reply.read()
+                return reply.status
+
+        started = time.perf_counter()
+        statuses = await asyncio.gather(*(one(i) for i in range(n)))
+        took = time.perf_counter() - started
+    bad = [s for s in statuses if s != 200]
+    assert not bad, f"{len(bad)} of {n} answered {sorted(set(bad))}"
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="250,1000,4000")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a socket per request
+    port = free_port()
+    remote = subprocess.Popen([sys.executable, "-m", "tests.fake_upstream", "--port", str(port),
+                               "--answer-delay-ms", str(DELAY_MS)])
+    biggest = max(sizes)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = BenchServer(Path(tmp), {
+            "log_level": "WARNING", "max_queue_depth": biggest * 2,
+            "max_queued_per_client": biggest * 2, "max_queue_wait_s": 3600,
+            "request_timeout_s": 3600},
+            [{"id": "remote", "backend": "cloud", "category": "llm", "parallel": PARALLEL,
+              "base_url": f"http://127.0.0.1:{port}/v1"}])
+        try:
+            server.start()
+            wait_for(lambda: remote.poll() is None and _up(port), timeout=30)
+            coordinator, upstream, me = (psutil.Process(server.proc.pid),
+                                         psutil.Process(remote.pid), psutil.Process())
+            asyncio.run(burst(server.url, 20))  # warm
+            for n in sizes:
+                before = [cpu_s(p) for p in (coordinator, me, upstream)]
+                wall = asyncio.run(burst(server.url, n))
+                after = [cpu_s(p) for p in (coordinator, me, upstream)]
+                per = [(a - b) / n * 1000 for a, b in zip(after, before, strict=True)]
+                rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per))
+        finally:
+            server.stop()
+            remote.terminate()
+            remote.wait()
+    print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
+          f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
+          f"({psutil.cpu_count()} cores)\n")
+    print("| N | wall, s | x ideal | coordinator CPU ms/request | client | stand-in |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, wall, ratio, coord_ms, client_ms, remote_ms in rows:
+        print(f"| {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | {client_ms:.2f} | "
+              f"{remote_ms:.2f} |")
+
+
+def _up(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
