@@ -7,7 +7,10 @@ sends all N at once (one asyncio process, one connection per request) and waits 
 answer. Prints one table: wall time, its ratio to the ideal, and the CPU seconds per request
 of the coordinator, the client and the stand-in (all three share this box).
 
-    .venv/bin/python benchmarks/queue_scale.py [--sizes 250,1000,4000]
+    .venv/bin/python benchmarks/queue_scale.py [--sizes 250,1000,4000] [--before DIR]
+
+``--before DIR`` measures another checkout's coordinator too (a worktree of an earlier
+commit), in the same run, after this one.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ async def burst(url: str, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="250,1000,4000")
+    parser.add_argument("--before", type=Path, default=None)
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -67,6 +71,31 @@ def main() -> None:
     port = free_port()
     remote = subprocess.Popen([sys.executable, "-m", "tests.fake_upstream", "--port", str(port),
                                "--answer-delay-ms", str(DELAY_MS)])
+    try:
+        wait_for(lambda: remote.poll() is None and _up(port), timeout=30)
+        upstream = psutil.Process(remote.pid)
+        runs = {"this code": measure(port, upstream, sizes, None)}
+        if args.before:
+            runs[f"before ({args.before.name})"] = measure(port, upstream, sizes,
+                                                           args.before.resolve())
+    finally:
+        remote.terminate()
+        remote.wait()
+    print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
+          f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
+          f"({psutil.cpu_count()} cores)\n")
+    print("| coordinator | N | wall, s | x ideal | coordinator CPU ms/request | client | "
+          "stand-in |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, rows in runs.items():
+        for n, wall, ratio, coord_ms, client_ms, remote_ms in rows:
+            print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | "
+                  f"{client_ms:.2f} | {remote_ms:.2f} |")
+
+
+def measure(port: int, upstream: psutil.Process, sizes: list[int],
+            checkout: Path | None) -> list[tuple]:
+    """Each N in turn on a fresh coordinator (``checkout``'s code when given)."""
     biggest = max(sizes)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,11 +105,11 @@ def main() -> None:
             "request_timeout_s": 3600},
             [{"id": "remote", "backend": "cloud", "category": "llm", "parallel": PARALLEL,
               "base_url": f"http://127.0.0.1:{port}/v1"}])
+        if checkout is not None:
+            server.checkout = checkout
         try:
             server.start()
-            wait_for(lambda: remote.poll() is None and _up(port), timeout=30)
-            coordinator, upstream, me = (psutil.Process(server.proc.pid),
-                                         psutil.Process(remote.pid), psutil.Process())
+            coordinator, me = psutil.Process(server.proc.pid), psutil.Process()
             asyncio.run(burst(server.url, 20))  # warm
             for n in sizes:
                 before = [cpu_s(p) for p in (coordinator, me, upstream)]
@@ -90,16 +119,7 @@ def main() -> None:
                 rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per))
         finally:
             server.stop()
-            remote.terminate()
-            remote.wait()
-    print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
-          f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
-          f"({psutil.cpu_count()} cores)\n")
-    print("| N | wall, s | x ideal | coordinator CPU ms/request | client | stand-in |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, wall, ratio, coord_ms, client_ms, remote_ms in rows:
-        print(f"| {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | {client_ms:.2f} | "
-              f"{remote_ms:.2f} |")
+    return rows
 
 
 def _up(port: int) -> bool:

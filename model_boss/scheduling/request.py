@@ -5,6 +5,7 @@ a request to a READY slot once granted, released exactly once."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections import Counter
@@ -35,8 +36,10 @@ class QueuedRequest:
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
-    @property
+    @functools.cached_property
     def waiter(self) -> Waiter:
+        """What the ordering reads of it; made once, when it is first ordered (its rank is
+        fixed on arrival, before)."""
         return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
                       self.rank)
 
