@@ -1,4 +1,6 @@
-"""Serving order: which waiting request goes next. Pure functions over plain views.
+"""Serving order: which waiting request goes next. Pure functions over plain views, and
+:class:`Lines`, the same order kept as requests come and go (so a long queue is not sorted on
+every pass).
 
 One ordering serves the coordinator's queue, its status listing and the trace simulator, so
 what an operator replays is what the daemon does.
@@ -21,9 +23,13 @@ With aging off the order is strict: ``(priority, rank / share, cold, submitted_a
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +110,98 @@ def wait_bound_s(priority: int, *, most_important: int, aging_s: float, warm_cre
     requests already running on the model it displaces, and its own load
     (docs/SCHEDULING.md)."""
     return max(0, priority - most_important) * aging_s + warm_credit_s + drain_s + load_s
+
+
+# --- the order kept incrementally -------------------------------------------------------
+# Lines: the waiting requests kept in serving order without sorting the queue on every pass.
+#
+# :func:`~.ordering.order_key` orders every waiter; the only part of it that changes while a
+# request waits is its model's warm credit, and that moves all of a model's requests alike. So
+# each model's requests are kept in a line sorted once, on arrival (``order_key`` with no
+# credit, then arrival), and the serving order is the lines merged by their heads' keys *with*
+# their models' credits: the same order :func:`~.ordering.serving_order` gives (ties by arrival,
+# as its stable sort keeps them). A pass of the queue walks that merge lazily and drops a model
+# from the walk once nothing more of it can be served, so a pass costs what it serves and one
+# step per model, not a sort of everything waiting.
+
+# a waiting request (anything with .waiter and .model_id) in its line: (key, arrival, it)
+Entry = tuple[tuple[float, ...], int, Any]
+
+
+class Lines:
+    """The waiting requests, each model's in a line sorted once on arrival: see the module's
+    last part."""
+
+    def __init__(self, policy: OrderPolicy) -> None:
+        self.policy = policy
+        self._lines: dict[str, list[Entry]] = {}
+        self._entries: dict[Any, Entry] = {}
+        self._arrivals = itertools.count()
+
+    def add(self, request: Any) -> None:
+        key = order_key(request.waiter, warm_credit_s=0.0, policy=self.policy)
+        entry: Entry = (key, next(self._arrivals), request)
+        self._entries[request] = entry
+        bisect.insort(self._lines.setdefault(request.model_id, []), entry)
+
+    def discard(self, request: Any) -> None:
+        entry = self._entries.pop(request, None)
+        if entry is None:
+            return
+        line = self._lines[request.model_id]
+        at = bisect.bisect_left(line, entry)
+        if at < len(line) and line[at] is entry:
+            del line[at]
+        if not line:
+            del self._lines[request.model_id]
+
+    def walk(self, credits: Mapping[str, float]) -> Walk:
+        return Walk(self, credits)
+
+    def models(self, credits: Mapping[str, float]) -> list[str]:
+        """The models with waiters, in the order of their first waiter."""
+        heads = sorted((self._merge_key(line[0], model, credits), model)
+                       for model, line in self._lines.items())
+        return [model for _, model in heads]
+
+    def _merge_key(self, entry: Entry, model: str,
+                   credits: Mapping[str, float]) -> tuple[Any, ...]:
+        waiter = entry[2].waiter
+        return (order_key(waiter, warm_credit_s=credits.get(model, 0.0), policy=self.policy),
+                entry[1])
+
+    def _after(self, model: str, entry: Entry) -> Entry | None:
+        """The entry after ``entry`` in its model's line as the line is now (it may have
+        changed since ``entry`` was read)."""
+        line = self._lines.get(model)
+        if not line:
+            return None
+        at = bisect.bisect_right(line, entry)
+        return line[at] if at < len(line) else None
+
+
+class Walk:
+    """One pass over the lines in serving order; :meth:`drop` ends a model's part of it."""
+
+    def __init__(self, lines: Lines, credits: Mapping[str, float]) -> None:
+        self._lines = lines
+        self._credits = credits
+        self._dropped: set[str] = set()
+        self._heap = [(lines._merge_key(line[0], model, credits), model, line[0])
+                      for model, line in lines._lines.items()]
+        heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterator[Any]:
+        while self._heap:
+            _, model, entry = heapq.heappop(self._heap)
+            if model in self._dropped:
+                continue
+            following = self._lines._after(model, entry)
+            if following is not None:
+                heapq.heappush(self._heap, (self._lines._merge_key(following, model,
+                                                                   self._credits),
+                                            model, following))
+            yield entry[2]
+
+    def drop(self, model: str) -> None:
+        self._dropped.add(model)

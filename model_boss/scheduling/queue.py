@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +30,7 @@ from ..errors import (
 from ..events import EventBus
 from ..settings import Settings
 from .budget import Prediction, admit, predict
-from .ordering import OrderPolicy, effective_priority, fair_rank, serving_order
+from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait
 from .request import Backlog, QueuedRequest, SlotTicket
 from .request_log import RequestLog
@@ -52,14 +54,21 @@ class InferenceQueue:
         self.requestors = RequestorRegistry()
         self.request_log = RequestLog(settings.state_path / "requests.jsonl"
                                       if settings.request_log else None)
-        self._pending = Backlog()
+        self.order_policy = OrderPolicy(aging_s=settings.aging_s,
+                                        fair_share=settings.fair_share,
+                                        turn_s=settings.fair_share_turn_s)
+        self._pending = Backlog(self.order_policy)
+        # (deadline, arrival, request): the next to time out without a scan (stale entries,
+        # of requests no longer waiting, are dropped as they come to the top)
+        self._deadlines: list[tuple[float, int, QueuedRequest]] = []
+        self._arrivals = itertools.count()
+        # the requests whose model could not load yet at the last pass: their aging may
+        # change that, so the loop wakes when one of them reaches its next level
+        self._planners: list[QueuedRequest] = []
         self._wake = asyncio.Event()
         self._in_flight_by_client: dict[str, int] = {}
         self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
         self.granted_total = 0
-        self.order_policy = OrderPolicy(aging_s=settings.aging_s,
-                                        fair_share=settings.fair_share,
-                                        turn_s=settings.fair_share_turn_s)
         self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
         pool.on_change = self.wake
         pool.wanted = self.wanted_models
@@ -94,6 +103,7 @@ class InferenceQueue:
         request.rank = fair_rank(self._pending.of_client(request.client_id, request.priority),
                                  request.share)
         self._pending.add(request)
+        heapq.heappush(self._deadlines, (request.deadline, next(self._arrivals), request))
         self.requestors.submitted(request.client_id)
         if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
             owner = self.pool.owners.get(request.model_id)
@@ -168,14 +178,9 @@ class InferenceQueue:
         return float(min(60, max(1, round(infer * len(self._pending) / 4))))
 
     def ordered(self) -> list[QueuedRequest]:
-        """The waiting requests in serving order (read-only; one order for everyone)."""
-        by_waiter = {}
-        for request in self._pending:
-            waiter = request.waiter
-            by_waiter[id(waiter)] = (waiter, request)
-        order = serving_order([w for w, _ in by_waiter.values()], self._warm_credits(),
-                              self.order_policy)
-        return [by_waiter[id(w)][1] for w in order]
+        """The waiting requests in serving order (read-only; one order for everyone):
+        :func:`~.ordering.serving_order`'s, from the models' lines (:class:`~.ordering.Lines`)."""
+        return list(self._pending.lines.walk(self._warm_credits()))
 
     def _warm_credits(self) -> dict[str, float]:
         """Loaded models → the reload seconds serving them now saves (warm grouping)."""
@@ -195,7 +200,7 @@ class InferenceQueue:
 
     def wanted_models(self) -> tuple[str, ...]:
         """The models waiting requests need, in serving order (look-ahead eviction)."""
-        return tuple(dict.fromkeys(r.model_id for r in self.ordered()))
+        return tuple(self._pending.lines.models(self._warm_credits()))
 
     def aged_priority(self, request: QueuedRequest, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -250,13 +255,29 @@ class InferenceQueue:
             return True
         return self._in_flight_by_client.get(request.client_id, 0) < request.max_concurrency
 
+    def _expire(self, now: float) -> None:
+        """Fail the waiting requests whose deadline has passed (from the deadline heap)."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(self._deadlines)
+            if request in self._pending and not request.future.done():
+                self._fail(request, self._timeout_error(request, now))
+
+    def _next_deadline(self) -> float | None:
+        while self._deadlines and self._deadlines[0][2] not in self._pending:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
     async def dispatch(self) -> None:
         """One pass over the waiting requests, most important first."""
         now = time.time()
+        self._expire(now)
         # slots a waiter ahead needs to go idle, and those a load under way is evicting
         draining: set[str] = {m for victims in self._evicting.values() for m in victims}
-        considered: set[str] = set()
-        for request in self.ordered():
+        self._planners = []
+        # a model leaves the walk once nothing more of it can be served in this pass: the
+        # same requests the pass skipped one by one before
+        walk = self._pending.lines.walk(self._warm_credits())
+        for request in walk:
             if request.future.done():
                 continue
             if now >= request.deadline:
@@ -269,14 +290,16 @@ class InferenceQueue:
                 continue
             slot = owner.slot
             if slot.state == SlotState.READY:
-                if slot.model_id not in draining and self._has_room(request, owner):
-                    self._grant(request, owner)
+                if slot.model_id in draining or \
+                        slot.active >= slot.entry.manifest.running_limit:
+                    walk.drop(request.model_id)
+                elif self._has_room(request, owner) and not self._grant(request, owner):
+                    walk.drop(request.model_id)  # the owner refused: full, or leaving READY
                 continue
-            if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED):
+            walk.drop(request.model_id)  # its first waiter in order speaks for the rest
+            if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED) or \
+                    self.pool.is_loading(request.model_id):
                 continue
-            if self.pool.is_loading(request.model_id) or request.model_id in considered:
-                continue
-            considered.add(request.model_id)
             priority = self.aged_priority(request, now)
             try:
                 decision = await self.pool.plan(request.model_id, priority)
@@ -287,6 +310,7 @@ class InferenceQueue:
                 self._fail_model(request.model_id,
                                  CapacityExceeded(decision.reason, retry_after_s=30))
             elif isinstance(decision, Wait):
+                self._planners.append(request)
                 draining.update(decision.blocking)
             else:  # the owner joins a load already in flight instead of starting a second
                 task = owner.start_load(priority)
@@ -339,15 +363,18 @@ class InferenceQueue:
                 await self.dispatch()
             except Exception:
                 log.exception("queue dispatch failed; carrying on")
-            if self._pending:
+            deadline = self._next_deadline()
+            if deadline is not None:
                 # deadlines must fire even when nothing else happens, and so must aging: a
-                # waiter that reaches the next level may now evict what it could not before
+                # waiter whose model waits for room may, at its next level, evict what it could
+                # not before (aging changes nothing else: the serving order is fixed by it)
                 now = time.time()
-                nearest = min(r.deadline for r in self._pending) - now
+                nearest = deadline - now
                 aging = self.order_policy.aging_s
-                if aging > 0:
+                planners = [r for r in self._planners if r in self._pending]
+                if aging > 0 and planners:
                     nearest = min(nearest, min(aging - (now - r.submitted_at) % aging
-                                               for r in self._pending) + 0.01)
+                                               for r in planners) + 0.01)
                 if nearest < WAKE_INTERVAL_S:
                     asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)
 

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .ordering import Waiter
+from .ordering import Lines, OrderPolicy, Waiter
 from .seams import SlotReading
 
 
@@ -49,14 +49,16 @@ class Backlog:
     model, and by model and priority: each arrival and departure O(1), each count O(1)
     (a scan of the queue per arrival made a burst of n requests cost n²)."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: OrderPolicy | None = None) -> None:
         self._requests: dict[QueuedRequest, None] = {}  # insertion-ordered
+        self.lines = Lines(policy or OrderPolicy())  # each model's, in serving order
         self._by_client: Counter[tuple[str, int]] = Counter()
         self._by_model: Counter[str] = Counter()
         self._by_model_priority: Counter[tuple[str, int]] = Counter()
 
     def add(self, request: QueuedRequest) -> None:
         self._requests[request] = None
+        self.lines.add(request)
         self._by_client[request.client_id, request.priority] += 1
         self._by_model[request.model_id] += 1
         self._by_model_priority[request.model_id, request.priority] += 1
@@ -65,6 +67,7 @@ class Backlog:
         """Remove ``request``; False when it was not waiting."""
         if self._requests.pop(request, False) is False:
             return False
+        self.lines.discard(request)
         for counter, key in ((self._by_client, (request.client_id, request.priority)),
                              (self._by_model, request.model_id),
                              (self._by_model_priority, (request.model_id, request.priority))):

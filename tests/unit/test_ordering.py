@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_boss.scheduling.ordering import (
     STRICT,
+    Lines,
     OrderPolicy,
     Waiter,
     effective_priority,
@@ -104,3 +107,39 @@ def test_wait_bound_with_one_second_loads():
     bound = wait_bound_s(9, most_important=0, aging_s=2.0, warm_credit_s=1.0, drain_s=1.0,
                          load_s=1.0)
     assert bound == 21.0
+
+
+class _Waiting:
+    """A waiting request as the lines see one."""
+
+    def __init__(self, waiter: Waiter) -> None:
+        self.waiter, self.model_id = waiter, waiter.model_id
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 9), st.sampled_from("xyz"),
+                          st.integers(0, 50), st.integers(0, 4), st.booleans()),
+                min_size=0, max_size=40),
+       st.dictionaries(st.sampled_from("abc"), st.floats(0.5, 30)),
+       st.sampled_from([OrderPolicy(), STRICT, OrderPolicy(aging_s=1.0, fair_share=False)]))
+def test_the_lines_walk_in_the_serving_order(rows, credits, policy):
+    """The order the queue keeps incrementally is serving_order's, whatever came and went,
+    for any warm credits; a dropped model's requests are left out of the rest of the walk."""
+    lines, kept = Lines(policy), []
+    for model, priority, client, at, rank, leaves in rows:
+        item = _Waiting(Waiter(model, priority, client, float(at), float(rank)))
+        lines.add(item)
+        kept.append(item)
+        if leaves and len(kept) > 1:
+            gone = kept.pop(len(kept) // 2)
+            lines.discard(gone)
+    expected = serving_order([i.waiter for i in kept], credits, policy)
+    assert [i.waiter for i in lines.walk(credits)] == expected
+    assert lines.models(credits) == list(dict.fromkeys(w.model_id for w in expected))
+    walk, seen = lines.walk(credits), []
+    for item in walk:
+        seen.append(item.waiter)
+        if item.model_id == "a":
+            walk.drop("a")
+    first_a = next((i for i, w in enumerate(expected) if w.model_id == "a"), None)
+    assert seen == [w for i, w in enumerate(expected) if w.model_id != "a" or i == first_a]
