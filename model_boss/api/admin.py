@@ -34,9 +34,16 @@ async def status(request: Request) -> dict[str, Any]:
 
 
 @router.get("/api/v1/queue")
-async def queue(request: Request) -> dict[str, Any]:
-    """The waiting requests in the order they will be served (position 1 = next)."""
-    return {"waiting": waiting_list(coordinator_of(request).queue)}
+async def queue(request: Request,
+                limit: int | None = Query(default=None, ge=1, le=10_000,
+                                          description="rows in the page (default: all)"),
+                offset: int = Query(default=0, ge=0, description="rows to skip")
+                ) -> dict[str, Any]:
+    """The waiting requests in the order they will be served (position 1 = next), a page
+    at a time: ``limit`` rows from position ``offset + 1``; ``total`` says how many wait."""
+    queue = coordinator_of(request).queue
+    return {"total": queue.depth, "offset": offset,
+            "waiting": waiting_list(queue, limit, offset)}
 
 
 @router.get("/api/v1/models")

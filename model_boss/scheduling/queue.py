@@ -18,7 +18,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..errors import (
     BudgetExceeded,
@@ -177,10 +177,14 @@ class InferenceQueue:
         infer = self.pool.learned.predicted_infer_s(request.model_id) or 1.0
         return float(min(60, max(1, round(infer * len(self._pending) / 4))))
 
+    def in_order(self) -> Iterator[QueuedRequest]:
+        """The waiting requests in serving order, lazily: a page of them costs its length."""
+        return iter(self._pending.lines.walk(self._warm_credits()))
+
     def ordered(self) -> list[QueuedRequest]:
         """The waiting requests in serving order (read-only; one order for everyone):
         :func:`~.ordering.serving_order`'s, from the models' lines (:class:`~.ordering.Lines`)."""
-        return list(self._pending.lines.walk(self._warm_credits()))
+        return list(self.in_order())
 
     def _warm_credits(self) -> dict[str, float]:
         """Loaded models → the reload seconds serving them now saves (warm grouping)."""

@@ -7,6 +7,7 @@ times the budget admission uses (:func:`budget.predict`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -16,13 +17,17 @@ from .queue import InferenceQueue, QueuedRequest
 from .states import SlotState
 
 
-def waiting_list(queue: InferenceQueue) -> list[dict[str, Any]]:
-    """``GET /api/v1/queue``'s rows, position 1 first."""
+def waiting_list(queue: InferenceQueue, limit: int | None = None,
+                 offset: int = 0) -> list[dict[str, Any]]:
+    """``GET /api/v1/queue``'s rows, position 1 first: ``limit`` of them from position
+    ``offset + 1`` (the order is walked only that far)."""
     now = time.time()
+    stop = None if limit is None else offset + limit
+    page = itertools.islice(enumerate(queue.in_order(), 1), offset, stop)
     return [{"request_id": r.request_id, "model": r.model_id, "priority": r.priority,
              "client_id": r.client_id, "position": position,
              "waited_s": round(now - r.submitted_at, 3), "endpoint": r.endpoint}
-            for position, r in enumerate(queue.ordered(), 1)]
+            for position, r in page]
 
 
 def queue_place(queue: InferenceQueue, request_id: str) -> dict[str, Any]:

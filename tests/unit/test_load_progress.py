@@ -221,6 +221,14 @@ async def test_queue_listing_order_and_positions(tmp_path):
                    and r["waited_s"] >= 0 for r in rows)
         assert set(rows[0]) == {"request_id", "model", "priority", "client_id", "position",
                                 "waited_s", "endpoint"}
+        assert listed["total"] == 4 and listed["offset"] == 0
+        async with httpx.AsyncClient(transport=transport, base_url="http://mb",
+                                     headers={"authorization": "Bearer admin-key"}) as client:
+            page = (await client.get("/api/v1/queue", params={"limit": 2, "offset": 1})).json()
+            bad = await client.get("/api/v1/queue", params={"limit": 0})
+        assert [(r["client_id"], r["position"]) for r in page["waiting"]] == [
+            ("normal-a", 2), ("normal-b", 3)] and page["total"] == 4
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
         busy.release()  # the first in line is served; everyone moves up
         first = await asyncio.wait_for(waiting[1], 2)
         assert first.request.client_id == "urgent"
