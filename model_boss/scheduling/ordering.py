@@ -23,13 +23,14 @@ With aging off the order is strict: ``(priority, rank / share, cold, submitted_a
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from sortedcontainers import SortedList
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ class Lines:
 
     def __init__(self, policy: OrderPolicy) -> None:
         self.policy = policy
-        self._lines: dict[str, list[Entry]] = {}
+        self._lines: dict[str, SortedList] = {}  # O(log n) to add, remove and find
         self._entries: dict[Any, Entry] = {}
         self._arrivals = itertools.count()
 
@@ -142,16 +143,17 @@ class Lines:
         key = order_key(request.waiter, warm_credit_s=0.0, policy=self.policy)
         entry: Entry = (key, next(self._arrivals), request)
         self._entries[request] = entry
-        bisect.insort(self._lines.setdefault(request.model_id, []), entry)
+        line = self._lines.get(request.model_id)
+        if line is None:
+            line = self._lines[request.model_id] = SortedList()
+        line.add(entry)
 
     def discard(self, request: Any) -> None:
         entry = self._entries.pop(request, None)
         if entry is None:
             return
         line = self._lines[request.model_id]
-        at = bisect.bisect_left(line, entry)
-        if at < len(line) and line[at] is entry:
-            del line[at]
+        line.discard(entry)
         if not line:
             del self._lines[request.model_id]
 
@@ -176,7 +178,7 @@ class Lines:
         line = self._lines.get(model)
         if not line:
             return None
-        at = bisect.bisect_right(line, entry)
+        at = line.bisect_right(entry)
         return line[at] if at < len(line) else None
 
 
