@@ -4,10 +4,13 @@ A ``cloud`` model with ``parallel: 4`` over a local stand-in remote (``tests/fak
 that answers after 20 ms, so the ideal wall time is N / 4 × 20 ms; the requests come from 8
 client ids; the queue limits are raised so every request is admitted. For each N the client
 sends all N at once (one asyncio process, one connection per request) and waits for the last
-answer. Prints one table: wall time, its ratio to the ideal, and the CPU seconds per request
-of the coordinator, the client and the stand-in (all three share this box).
+answer. Prints one table: wall time, its ratio to the ideal, the CPU seconds per request of
+the coordinator, the client and the stand-in (all three share this box), and how much the
+coordinator's resident memory grew per waiting request at the burst's peak. ``--burst N``
+also sends N at once against the default queue limits (how many are refused, how fast).
 
     .venv/bin/python benchmarks/queue_scale.py [--sizes 250,1000,4000] [--before DIR]
+        [--burst 5000]
 
 ``--before DIR`` measures another checkout's coordinator too (a worktree of an earlier
 commit), in the same run, after this one.
@@ -21,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,30 +44,59 @@ def cpu_s(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def burst(url: str, n: int) -> float:
+async def burst(url: str, n: int, refusals: list[tuple[int, str | None]] | None = None
+                ) -> float:
+    """N requests at once; every one must be answered 200, unless ``refusals`` collects the
+    others (status, Retry-After)."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=3600)) as session:
-        async def one(i: int) -> int:
+        async def one(i: int) -> tuple[int, str | None]:
             async with session.post(url + "/v1/chat/completions", json={
                     "model": "remote", "max_tokens": 4,
                     "messages": [{"role": "user", "content": f"request {i}"}]},
                     headers={"x-client-id": f"client-{i % CLIENTS}"}) as reply:
                 await reply.read()
-                return reply.status
+                return reply.status, reply.headers.get("retry-after")
 
         started = time.perf_counter()
-        statuses = await asyncio.gather(*(one(i) for i in range(n)))
+        answers = await asyncio.gather(*(one(i) for i in range(n)))
         took = time.perf_counter() - started
-    bad = [s for s in statuses if s != 200]
-    assert not bad, f"{len(bad)} of {n} answered {sorted(set(bad))}"
+    bad = [a for a in answers if a[0] != 200]
+    if refusals is None:
+        assert not bad, f"{len(bad)} of {n} answered {sorted({s for s, _ in bad})}"
+    else:
+        refusals.extend(bad)
     return took
+
+
+class PeakRss:
+    """The largest resident size of a process while the block runs (sampled every 20 ms)."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process, self.peak, self._stop = process, 0, threading.Event()
+
+    def __enter__(self) -> PeakRss:
+        self.base = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="250,1000,4000")
     parser.add_argument("--before", type=Path, default=None)
+    parser.add_argument("--burst", type=int, default=0,
+                        help="also send this many at once against the default queue limits")
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -78,6 +111,7 @@ def main() -> None:
         if args.before:
             runs[f"before ({args.before.name})"] = measure(port, upstream, sizes,
                                                            args.before.resolve())
+        over = limited(port, upstream, args.burst) if args.burst else None
     finally:
         remote.terminate()
         remote.wait()
@@ -85,12 +119,39 @@ def main() -> None:
           f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
           f"({psutil.cpu_count()} cores)\n")
     print("| coordinator | N | wall, s | x ideal | coordinator CPU ms/request | client | "
-          "stand-in |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "stand-in | coordinator RSS growth, KB/request |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, rows in runs.items():
-        for n, wall, ratio, coord_ms, client_ms, remote_ms in rows:
+        for n, wall, ratio, coord_ms, client_ms, remote_ms, kb in rows:
             print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | "
-                  f"{client_ms:.2f} | {remote_ms:.2f} |")
+                  f"{client_ms:.2f} | {remote_ms:.2f} | {kb:.1f} |")
+    if over is not None:
+        n, wall, refused, hinted, cpu_ms = over
+        print(f"\nDefault limits (max_queue_depth 1000, max_queued_per_client 200), {n:,} at "
+              f"once from {CLIENTS} clients: {n - refused:,} served, {refused:,} refused with "
+              f"429 ({hinted:,} with Retry-After) in {wall:.1f} s; coordinator CPU "
+              f"{cpu_ms:.2f} ms per request, served or refused")
+
+
+def limited(port: int, upstream: psutil.Process, n: int) -> tuple[int, float, int, int, float]:
+    """A burst over the default queue limits: how many are refused, how fast, at what CPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = BenchServer(Path(tmp), {"log_level": "WARNING"},
+                             [{"id": "remote", "backend": "cloud", "category": "llm",
+                               "parallel": PARALLEL,
+                               "base_url": f"http://127.0.0.1:{port}/v1"}])
+        try:
+            server.start()
+            coordinator = psutil.Process(server.proc.pid)
+            asyncio.run(burst(server.url, 20))
+            refusals: list[tuple[int, str | None]] = []
+            before = cpu_s(coordinator)
+            wall = asyncio.run(burst(server.url, n, refusals))
+            cpu_ms = (cpu_s(coordinator) - before) / n * 1000
+        finally:
+            server.stop()
+    assert {status for status, _ in refusals} <= {429}, refusals[:3]
+    return n, wall, len(refusals), sum(1 for _, hint in refusals if hint), cpu_ms
 
 
 def measure(port: int, upstream: psutil.Process, sizes: list[int],
@@ -113,10 +174,12 @@ def measure(port: int, upstream: psutil.Process, sizes: list[int],
             asyncio.run(burst(server.url, 20))  # warm
             for n in sizes:
                 before = [cpu_s(p) for p in (coordinator, me, upstream)]
-                wall = asyncio.run(burst(server.url, n))
+                with PeakRss(coordinator) as rss:
+                    wall = asyncio.run(burst(server.url, n))
                 after = [cpu_s(p) for p in (coordinator, me, upstream)]
                 per = [(a - b) / n * 1000 for a, b in zip(after, before, strict=True)]
-                rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per))
+                grown_kb = max(0, rss.peak - rss.base) / 1024 / n
+                rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per, grown_kb))
         finally:
             server.stop()
     return rows
