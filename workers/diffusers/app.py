@@ -30,12 +30,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ..auth import require_key
+from ..spare import InvalidOptions, LoadRequest
 from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
-from .options import InvalidOptions, WorkerOptions, load_args
+from .options import WorkerOptions, load_args
 from .pipeline import LOADED, PipelineHolder, PipelineState
-from .schemas import CancelRequest, GenerateRequest, LoadRequest
+from .schemas import CancelRequest, GenerateRequest
 
 log = logging.getLogger(__name__)
 

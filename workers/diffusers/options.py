@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+from ..spare import InvalidOptions, RaisingParser, refuse_owned
 from .memory import Offload
 
 PROG = "python -m workers.diffusers"
@@ -47,23 +48,11 @@ class WorkerOptions:
     spare: bool = False
 
 
-class InvalidOptions(ValueError):
-    """Model flags given to a spare's ``POST /load`` that do not parse."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """Raises instead of exiting, for flags that arrive over HTTP (``load_args``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise InvalidOptions(message)
-
-
 def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
     """The options a spare loads with: the model flags a cold start would get (``--model``
     and the rest), on the spare's own address, parent and key. Raises ``InvalidOptions``."""
-    if any(f.split("=")[0] in _SPARE_OWNED for f in flags):
-        raise InvalidOptions(f"{', '.join(sorted(_SPARE_OWNED))} are the spare's own")
-    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=_Parser)
+    refuse_owned(flags, _SPARE_OWNED)
+    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=RaisingParser)
     if not parsed.model:
         raise InvalidOptions("--model is required")
     return replace(parsed, host=spare.host, parent_pid=spare.parent_pid, api_key=spare.api_key)

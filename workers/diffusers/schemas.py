@@ -47,13 +47,3 @@ class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: RequestId | None = None
-
-
-class LoadRequest(BaseModel):
-    """The body of ``POST /load``: a spare's model, as the flags a cold start would get."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=200)
-    cuda_visible_devices: str | None = Field(default=None, max_length=256,
-                                             pattern=r"^[0-9A-Za-z,-]*$")

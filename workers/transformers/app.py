@@ -40,12 +40,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from ..auth import require_key
+from ..spare import InvalidOptions, LoadRequest
 from . import speech
 from .audio import AudioError, Encoder, decode
 from .batcher import Batcher
 from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
-from .options import InvalidOptions, load_args
+from .options import load_args
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +90,6 @@ class TranscriptionBody(BaseModel):
     response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
     timestamp_granularities: list[Literal["word", "segment"]] = Field(default_factory=list)
     model: str | None = None
-
-
-class LoadBody(BaseModel):
-    """``POST /load``: a spare's model, as the flags a cold start would get."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(min_length=1, max_length=200)
-    cuda_visible_devices: str | None = Field(default=None, max_length=256,
-                                             pattern=r"^[0-9A-Za-z,-]*$")
 
 
 class SpeechBody(BaseModel):
@@ -284,7 +275,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         return await asyncio.to_thread(engine.onload)
 
     @app.post("/load")
-    async def load_model(body: LoadBody) -> JSONResponse:
+    async def load_model(body: LoadRequest) -> JSONResponse:
         try:
             options = load_args(engine.options, body.args)
         except InvalidOptions as exc:

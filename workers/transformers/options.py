@@ -18,6 +18,8 @@ import argparse
 import os
 from dataclasses import dataclass, replace
 
+from ..spare import InvalidOptions, RaisingParser, refuse_owned
+
 PROG = "python -m workers.transformers"
 API_KEY_ENV = "WORKER_API_KEY"
 TASKS = ("embedding", "rerank", "stt", "tts")
@@ -39,26 +41,14 @@ class WorkerOptions:
     spare: bool = False
 
 
-class InvalidOptions(ValueError):
-    """Model flags given to a spare's ``POST /load`` that do not parse."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """Raises instead of exiting, for flags that arrive over HTTP (``load_args``)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise InvalidOptions(message)
-
-
 _SPARE_OWNED = frozenset({"--port", "--host", "--parent-pid", "--spare"})
 
 
 def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
     """The options a spare loads with: a cold start's model flags, on the spare's own
     address, parent and key. Raises ``InvalidOptions``."""
-    if any(f.split("=")[0] in _SPARE_OWNED for f in flags):
-        raise InvalidOptions(f"{', '.join(sorted(_SPARE_OWNED))} are the spare's own")
-    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=_Parser)
+    refuse_owned(flags, _SPARE_OWNED)
+    parsed = parse_args([*flags, "--port", str(spare.port)], parser_class=RaisingParser)
     if not parsed.model or not parsed.task:
         raise InvalidOptions("--model and --task are required")
     return replace(parsed, host=spare.host, parent_pid=spare.parent_pid, api_key=spare.api_key)
