@@ -280,11 +280,21 @@ class StreamJobManager(JobManager):
             if job is None or job.status in FINISHED:
                 await self.streams.ack(taken)  # expired, cancelled, or done already
                 continue
+            if self._left_to_another(job):  # read on a list made before it warmed there
+                await self.streams.give_back(taken, job_id)
+                continue
             self._taken[job_id] = taken
             await self.update(job, status=JobStatus.QUEUED, member=self.streams.host_id)
             task = asyncio.create_task(self._run(job), name=job.id)
             self._tasks[job.id] = task
             task.add_done_callback(lambda _t, jid=job.id: self._done(jid))
+
+    def _left_to_another(self, job: Job) -> bool:
+        """Whether ``job``'s model is READY on another member and not here: that member
+        takes it (a blocking read names its streams before it waits, so a model that warmed
+        elsewhere meanwhile can still be read here)."""
+        model = self.model_of(job)
+        return model in self.warm_elsewhere() and model not in self.warm_here()
 
     def _done(self, job_id: str) -> None:
         self._tasks.pop(job_id, None)

@@ -1,11 +1,14 @@
 """JobStreams against a real Redis: a dead consumer's entry is re-claimed after its idle
-time, and a job finishes once however many runs try to finish it."""
+time, a job finishes once however many runs try to finish it, and a job for a model warm on
+another member is left to it."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from model_boss.cluster.jobs import JobStreams
+from model_boss.cluster.jobs import JobStreams, StreamJobManager
 from model_boss.jobs import Job, JobStatus, RedisJobStore
 
 pytestmark = pytest.mark.redis
@@ -59,3 +62,42 @@ async def test_give_back_makes_the_job_takeable_at_once(redis_url, redis_prefix)
     finally:
         await leaving.close()
         await other.close()
+
+
+async def test_a_job_for_a_model_warm_on_another_member_is_left_to_it(redis_url, redis_prefix):
+    """A blocking read names its streams before it waits: an entry read for a model that
+    meanwhile warmed on another member goes back on its stream, unrun, for that member."""
+    ran: list[str] = []
+
+    async def runner(job: Job, _manager) -> dict:
+        ran.append(job.id)
+        return {}
+
+    def manager(host: str, here: set[str], elsewhere: set[str]) -> StreamJobManager:
+        return StreamJobManager(
+            RedisJobStore(redis_url, prefix=redis_prefix), runner,
+            JobStreams(redis_url, host, prefix=redis_prefix),
+            model_of=lambda job: job.body["model"], models=lambda: ["m"],
+            warm_here=lambda: here, warm_elsewhere=lambda: elsewhere,
+            claim_s=60, keep_s=0.1)
+
+    cold, warm = manager("cold", set(), {"m"}), manager("warm", {"m"}, set())
+    try:
+        job = await cold.submit("/v1/chat/completions", {"model": "m"}, "c")
+        found = await cold.streams.take(["m"], None)  # the stale list still named "m"
+        await cold._start_all(found)
+        assert ran == [] and cold._tasks == {} and cold._taken == {}
+        assert (await cold.get(job.id)).status == JobStatus.QUEUED
+        again = await warm.streams.take(["m"], None)
+        assert [job_id for _, job_id in again] == [job.id]
+        await warm._start_all(again)
+        await asyncio.gather(*warm._tasks.values())
+        finished = await warm.get(job.id)
+        assert ran == [job.id] and finished.status == JobStatus.SUCCEEDED
+        assert finished.member == "warm"
+        pending = await warm.streams._redis.xpending(warm.streams.stream("m"), "members")
+        assert pending["pending"] == 0
+    finally:
+        for each in (cold, warm):
+            await each.streams.close()
+            await each.store.close()
