@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
+from .scheduling.waiting import queue_status
 from .settings import Settings
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .slots.slot import SlotState
@@ -257,7 +257,7 @@ class Coordinator:
     async def status(self) -> dict:
         usage = await self.boss.usage()
         leases = await self.boss.leases()
-        queue = self.queue.status()
+        queue = queue_status(self.queue)
         return {
             "time": time.time(),  # the server's clock, for countdowns against unload_at
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -274,13 +274,13 @@ class Coordinator:
             "catalog": self.live.status(),
             "pulls": self.pulls.status(),
             "leases": [lease.to_dict() for lease in leases],
-            "models": await self.model_views(queue["waiting"]),
+            "models": await self.model_views(queue["by_model"]),
         }
 
-    async def model_views(self, waiting: list[dict]) -> list[dict]:
-        """Every manifest, slot or not: what it is, how many requests wait for it, and (for
-        one never loaded, which has no slot) its VRAM estimate. Read-only."""
-        queued = Counter(w["model"] for w in waiting)
+    async def model_views(self, queued: dict[str, int]) -> list[dict]:
+        """Every manifest, slot or not: what it is, how many requests wait for it
+        (``queued``: by model), and (for one never loaded, which has no slot) its VRAM
+        estimate. Read-only."""
         without_slot = [e for e in self.catalog
                         if e.available and e.manifest.id not in self.pool.slots]
         # off the event loop: an estimate not yet cached may read the model file

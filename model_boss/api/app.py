@@ -19,6 +19,7 @@ from .middleware import (
     EarlyForwarding,
     ErrorEnvelope,
     InternalErrors,
+    QueueGate,
     with_cors,
 )
 
@@ -44,10 +45,12 @@ def create_app(settings: Settings | None = None, *,
     app.state.boss = coord.boss
     install_error_handlers(app)
     # the last added runs first: CORS → Ollama's and Anthropic's envelopes → errors → keys and
-    # metrics → body limits → early forwards (cluster members) → routes
+    # metrics → the queue's early refusals → body limits → early forwards (cluster members) →
+    # routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
                        uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
+    app.add_middleware(QueueGate, coordinator=coord, paths=queued_paths())
     app.add_middleware(AuthAndMetrics, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,
@@ -59,3 +62,11 @@ def create_app(settings: Settings | None = None, *,
                    dashboard):
         app.include_router(module.router)
     return app
+
+
+def queued_paths() -> frozenset[str]:
+    """The routes whose requests wait in the queue: every POST of the OpenAI, Anthropic and
+    llama.cpp routers, and Ollama's inference routes."""
+    routes = [*openai.router.routes, *anthropic.router.routes, *llamacpp.router.routes]
+    return frozenset({route.path for route in routes if "POST" in getattr(route, "methods", ())}
+                     | ollama.QUEUED_PATHS)

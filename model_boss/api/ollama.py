@@ -27,6 +27,8 @@ from .errors import OllamaError, documented, error_message
 from .pulls import ndjson
 
 router = APIRouter(tags=["ollama"], responses=documented(OllamaError))
+# the routes whose requests wait in the queue (the rest manage models)
+QUEUED_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
 DATA_PATHS = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"})
 OLLAMA_PATHS = DATA_PATHS | {"/api/version", "/api/tags", "/api/ps", "/api/show",
                              "/api/pull", "/api/delete", *service.MANIFEST_ONLY}

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from .. import __version__
@@ -58,7 +57,7 @@ class Membership:
 
     async def record(self) -> MemberRecord:
         snap = await self.pool.snapshot()
-        queued = Counter(w["model"] for w in self.queue.status()["waiting"])
+        queued = self.queue.waiting_by_model()
         slots = []
         for view in snap.slots:
             slot = self.pool.slots.get(view.model_id)

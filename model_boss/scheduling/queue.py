@@ -153,28 +153,41 @@ class InferenceQueue:
 
     def _check_limits(self, request: QueuedRequest) -> None:
         """Refuse with 429 when the queue, the client's share of it or the model's is full."""
-        settings = self.settings
-        client_limit = min(settings.max_queued_per_client,
+        client_limit = min(self.settings.max_queued_per_client,
                            request.max_queued if request.max_queued is not None else 10**9)
         entry = self.pool.catalog.find(request.model_id)
         model_limit = entry.manifest.max_queued if entry else None
-        checks = [
-            ("queue_full", len(self._pending), settings.max_queue_depth, "the queue"),
-            ("client_queue_full", self.requestors.get(request.client_id).queued, client_limit,
-             f"client '{request.client_id}'s share of the queue"),
+        refusal = self._refusal(request.client_id, client_limit, request.model_id, [
             ("model_queue_full", self._pending.of_model(request.model_id), model_limit,
-             f"the queue for '{request.model_id}'"),
-        ]
+             f"the queue for '{request.model_id}'")])
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, client_id: str | None) -> RateLimited | None:
+        """The 429 a request gets whatever its body says, known from its client's header
+        alone: the queue is full, or that client's share of it is (a client profile only
+        ever lowers the share). Asked before the body is read, so a burst over the limits
+        costs little; the full checks still run when the request is queued."""
+        return self._refusal(client_id, self.settings.max_queued_per_client, None, [])
+
+    def _refusal(self, client_id: str | None, client_limit: int, model_id: str | None,
+                 more: list[tuple[str, int, int | None, str]]) -> RateLimited | None:
+        known = self.requestors.known(client_id) if client_id else None
+        checks = [("queue_full", len(self._pending), self.settings.max_queue_depth,
+                   "the queue"),
+                  ("client_queue_full", known.queued if known else 0, client_limit,
+                   f"client '{client_id}'s share of the queue"), *more]
         for code, waiting, limit, what in checks:
             if limit is not None and waiting >= limit:
-                self.events.emit("queue_rejected", model=request.model_id,
-                                 client=request.client_id, reason=code)
-                raise RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
-                                  retry_after_s=self._retry_after(request), code=code)
+                self.events.emit("queue_rejected", model=model_id or "", client=client_id,
+                                 reason=code)
+                return RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
+                                   retry_after_s=self._retry_after(model_id), code=code)
+        return None
 
-    def _retry_after(self, request: QueuedRequest) -> float:
+    def _retry_after(self, model_id: str | None) -> float:
         """A hint from the learned inference time of the requests ahead (1–60 s)."""
-        infer = self.pool.learned.predicted_infer_s(request.model_id) or 1.0
+        infer = (self.pool.learned.predicted_infer_s(model_id) if model_id else None) or 1.0
         return float(min(60, max(1, round(infer * len(self._pending) / 4))))
 
     def in_order(self) -> Iterator[QueuedRequest]:
@@ -197,10 +210,10 @@ class InferenceQueue:
         return credits
 
     def waiting_by_priority(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for request in self._pending:
-            counts[request.priority] = counts.get(request.priority, 0) + 1
-        return counts
+        return self._pending.by_priority()
+
+    def waiting_by_model(self) -> dict[str, int]:
+        return self._pending.by_model()
 
     def wanted_models(self) -> tuple[str, ...]:
         """The models waiting requests need, in serving order (look-ahead eviction)."""
@@ -381,18 +394,3 @@ class InferenceQueue:
                                                for r in planners) + 0.01)
                 if nearest < WAKE_INTERVAL_S:
                     asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)
-
-    def status(self) -> dict:
-        now = time.time()
-        return {
-            "depth": len(self._pending),
-            "granted_total": self.granted_total,
-            "waiting": [
-                {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
-                 "waited_s": round(now - r.submitted_at, 3),
-                 "deadline_in_s": round(r.deadline - now, 3)}
-                for r in self.ordered()
-            ],
-            "clients": self.requestors.to_list(),
-            "failing_models": self.requestors.models_failing(),
-        }

@@ -98,6 +98,15 @@ class Backlog:
         return sum(n for (model, priority), n in self._by_model_priority.items()
                    if model == model_id and priority <= at_most_priority)
 
+    def by_model(self) -> dict[str, int]:
+        return dict(self._by_model)
+
+    def by_priority(self) -> dict[int, int]:
+        counts: Counter[int] = Counter()
+        for (_model, priority), n in self._by_model_priority.items():
+            counts[priority] += n
+        return dict(counts)
+
 
 # the queue's bookkeeping when a ticket is released: (ticket, ok, client_fault)
 Released = Callable[["SlotTicket", bool, bool], None]

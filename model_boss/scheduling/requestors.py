@@ -69,6 +69,10 @@ class RequestorRegistry:
         self._clients: dict[str, RequestorStats] = {}
         self._models: dict[str, ModelHealth] = {}
 
+    def known(self, client_id: str) -> RequestorStats | None:
+        """A client's figures, None for one never seen (nothing is kept for it)."""
+        return self._clients.get(client_id)
+
     def get(self, client_id: str) -> RequestorStats:
         stats = self._clients.get(client_id)
         if stats is None:

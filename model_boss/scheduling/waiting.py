@@ -30,6 +30,27 @@ def waiting_list(queue: InferenceQueue, limit: int | None = None,
             for position, r in page]
 
 
+def queue_status(queue: InferenceQueue, shown: int = 50) -> dict[str, Any]:
+    """The queue in ``/api/v1/status``: depth, counts by model and priority, the first
+    ``shown`` waiters in order (a page of ``GET /api/v1/queue`` has the rest), the clients
+    and the failing models. Its cost grows with ``shown`` and the clients, not the depth."""
+    now = time.time()
+    return {
+        "depth": queue.depth,
+        "granted_total": queue.granted_total,
+        "by_model": queue.waiting_by_model(),
+        "by_priority": queue.waiting_by_priority(),
+        "waiting": [
+            {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
+             "waited_s": round(now - r.submitted_at, 3),
+             "deadline_in_s": round(r.deadline - now, 3)}
+            for r in itertools.islice(queue.in_order(), shown)
+        ],
+        "clients": queue.requestors.to_list(),
+        "failing_models": queue.requestors.models_failing(),
+    }
+
+
 def queue_place(queue: InferenceQueue, request_id: str) -> dict[str, Any]:
     """``queue_position`` and ``estimated_start`` (ISO time) of a waiting request; both None
     when it is not waiting here."""

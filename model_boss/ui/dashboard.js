@@ -177,18 +177,22 @@ async function refresh() {
   render();
 }
 
+const QUEUE_ROWS = 100;  // the first rows of the queue shown; the summary counts them all
+
 /** GET /api/v1/queue where the server has it; else the waiting list inside the status. */
 async function readQueue(status) {
   if (state.queueRoute !== false) {
     try {
-      const queue = await api("GET", "/api/v1/queue");
+      const queue = await api("GET", `/api/v1/queue?limit=${QUEUE_ROWS}`);
       state.queueRoute = true;
+      state.queueTotal = queue.total;
       return queue.waiting;
     } catch (err) {
       if (err.status !== 404 && err.status !== 405) throw err;
       state.queueRoute = false;
     }
   }
+  state.queueTotal = status.queue?.depth;
   return (status.queue?.waiting || []).map((w, i) => ({...w, position: i + 1}));
 }
 
@@ -513,7 +517,9 @@ function renderModels() {
 function renderQueue() {
   const waiting = state.queue || [];
   const q = state.status.queue || {};
-  $("#queue-summary").textContent = `${waiting.length} waiting · ${q.granted_total ?? 0} granted since start` +
+  const total = state.queueTotal ?? waiting.length;
+  const shown = total > waiting.length ? ` (the first ${waiting.length} shown)` : "";
+  $("#queue-summary").textContent = `${total} waiting${shown} · ${q.granted_total ?? 0} granted since start` +
     (state.queueRoute === false ? " · (queue listing from the status document)" : "");
   const elapsed = Date.now() / 1000 - state.fetchedAt;
   const rows = waiting.map((w, i) => h("tr", {"data-model": w.model},

@@ -64,8 +64,3 @@ async def test_status_lists_every_manifest_with_what_the_page_shows(api):
     assert models["b"]["vram_estimate"] == {"mb": 2000, "rung": "manifest",
                                             "detail": "vram_mb in the manifest"}
 
-
-async def test_model_views_count_the_waiting_requests_per_model(api):
-    _, coord = api
-    views = await coord.model_views([{"model": "a"}, {"model": "a"}, {"model": "b"}])
-    assert {v["id"]: v["queued"] for v in views} == {"a": 2, "b": 1}

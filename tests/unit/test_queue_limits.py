@@ -170,3 +170,64 @@ async def _request(model: str, client: str, priority: int):
     from model_boss.scheduling.request import QueuedRequest
 
     return QueuedRequest(model_id=model, priority=priority, client_id=client)
+
+
+async def test_a_full_queue_refuses_before_the_body_is_read(tmp_path):
+    """Over the limits, a request is refused before its body is parsed (a body that is not
+    even JSON gets the 429), in each route's envelope, with Retry-After; the status lists
+    only the first waiters but counts them all."""
+    import httpx
+
+    from model_boss.api.app import create_app
+    from model_boss.scheduling.waiting import queue_status
+
+    coord, _ = coordinator(tmp_path, [manifest("a")], max_queue_depth=3,
+                           max_queued_per_client=2)
+    app = create_app(coordinator=coord)
+    await coord.start()
+    try:
+        holder = await hold(coord, "a", "holder")
+        waiting = [asyncio.create_task(queued(coord, c)) for c in ("x", "x")]
+        await asyncio.sleep(0.05)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+            mine = await client.post("/v1/chat/completions", content=b"not json",
+                                     headers={"x-client-id": "x"})
+            other = await client.post("/v1/chat/completions", content=b"not json",
+                                      headers={"x-client-id": "y"})
+            waiting.append(asyncio.create_task(queued(coord, "y")))
+            await asyncio.sleep(0.05)
+            full = {path: await client.post(path, content=b"{")
+                    for path in ("/v1/chat/completions", "/v1/messages", "/api/chat",
+                                 "/completion", "/v1/embeddings")}
+            whole = (await client.get("/api/v1/status")).json()
+            status = whole["queue"]
+            admin = await client.get("/api/v1/models")
+        assert mine.status_code == 429 and mine.headers["retry-after"]
+        assert mine.json()["error"]["code"] == "client_queue_full"
+        assert other.status_code == 400  # room for y: the route parses it, and says why
+        assert {path: r.status_code for path, r in full.items()} == dict.fromkeys(full, 429)
+        assert full["/v1/chat/completions"].json()["error"]["code"] == "queue_full"
+        assert full["/v1/messages"].json()["error"]["type"] == "rate_limit_error"
+        assert full["/v1/messages"].json()["type"] == "error"
+        assert "queue is full" in full["/api/chat"].json()["error"]
+        assert all(int(r.headers["retry-after"]) >= 1 for r in full.values())
+        assert admin.status_code == 200  # only the routes that queue are refused
+        assert status["depth"] == 3 and status["by_model"] == {"a": 3}
+        assert status["by_priority"] == {"5": 3}
+        assert {m["id"]: m["queued"] for m in whole["models"]} == {"a": 3}
+        assert len(queue_status(coord.queue, shown=2)["waiting"]) == 2
+        await coord.refresh_metrics()
+        text = coord.metrics.render().decode()
+        assert 'model_boss_queue_rejected_total{model="",reason="queue_full"} 5.0' in text
+        holder.release()
+        for granted in asyncio.as_completed(waiting, timeout=10):  # y is served before x's 2nd
+            (await granted).release()
+    finally:
+        await coord.stop()
+
+
+async def queued(coord, client):
+    """A request that waits as long as the test needs (``hold`` gives up after 2 s)."""
+    return await asyncio.wait_for(coord.queue.acquire(
+        QueuedRequest(model_id="a", priority=5, client_id=client)), 60)

@@ -9,6 +9,7 @@ import pytest
 from model_boss.errors import ModelUnavailable
 from model_boss.scheduling.queue import QueuedRequest
 from model_boss.scheduling.requestors import RequestorRegistry
+from model_boss.scheduling.waiting import queue_status
 
 from .fakes import coordinator, manifest
 
@@ -91,7 +92,7 @@ async def test_queue_refuses_a_cooling_model_to_everyone_and_serves_the_others(q
         assert refused.value.code == "model_cooling_down"
         assert refused.value.retry_after_s and refused.value.retry_after_s > 0
     await finish(queue, "b", ok=True)  # the same anonymous caller, another model: served
-    assert queue.status()["failing_models"][0]["model"] == "a"
+    assert queue_status(queue)["failing_models"][0]["model"] == "a"
 
 
 async def test_queue_never_cools_down_for_client_faults(queue):

@@ -1,6 +1,7 @@
 """The ASGI middleware every request passes, outermost first: CORS (:mod:`.cors`), error
 answers in the route's own envelope (:mod:`.envelopes`), the last-resort 500 and API keys
-with request metrics (:mod:`.auth`, keys in :mod:`.keys`), body limits (:mod:`.limits`) and
+with request metrics (:mod:`.auth`, keys in :mod:`.keys`), the queue's early refusals
+(:mod:`.queue_gate`), body limits (:mod:`.limits`) and
 the early forward of a cluster member's requests (:mod:`.early_forward`)."""
 
 from .auth import AuthAndMetrics, InternalErrors
@@ -8,6 +9,7 @@ from .cors import with_cors
 from .early_forward import EarlyForwarding
 from .envelopes import ErrorEnvelope
 from .limits import BodyLimit
+from .queue_gate import QueueGate
 
 __all__ = ["AuthAndMetrics", "BodyLimit", "EarlyForwarding", "ErrorEnvelope", "InternalErrors",
-           "with_cors"]
+           "QueueGate", "with_cors"]

@@ -1,0 +1,32 @@
+"""QueueGate: a request that the queue would refuse whatever its body says is refused before
+its body is read or parsed, so a burst far over the limits costs little per request."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ...coordinator import Coordinator
+from ..errors import error_response
+
+
+class QueueGate:
+    """429 with ``Retry-After`` for a POST to one of ``paths`` (the routes whose requests
+    wait in the queue) while the queue is full, or while the client its ``x-client-id``
+    header names holds its whole share. Everything else goes on; the queue checks every
+    limit again when the request is queued. Off on a cluster member, which may forward
+    the request to a member with room."""
+
+    def __init__(self, app: ASGIApp, coordinator: Coordinator, paths: frozenset[str]) -> None:
+        self.app = app
+        self.coord = coordinator
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and scope["path"] in self.paths and self.coord.cluster is None):
+            refusal = self.coord.queue.refusal(Headers(scope=scope).get("x-client-id"))
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
