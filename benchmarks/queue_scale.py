@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=0,
                         help="also send this many at once against the default queue limits")
     args = parser.parse_args()
-    sizes = [int(n) for n in args.sizes.split(",")]
+    sizes = [int(n) for n in args.sizes.split(",") if n]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a socket per request
     port = free_port()
@@ -107,11 +107,13 @@ def main() -> None:
     try:
         wait_for(lambda: remote.poll() is None and _up(port), timeout=30)
         upstream = psutil.Process(remote.pid)
-        runs = {"this code": measure(port, upstream, sizes, None)}
+        checkouts = {"this code": None}
         if args.before:
-            runs[f"before ({args.before.name})"] = measure(port, upstream, sizes,
-                                                           args.before.resolve())
-        over = limited(port, upstream, args.burst) if args.burst else None
+            checkouts[f"before ({args.before.name})"] = args.before.resolve()
+        runs = {name: measure(port, upstream, sizes, checkout)
+                for name, checkout in checkouts.items() if sizes}
+        over = {name: limited(port, args.burst, checkout)
+                for name, checkout in checkouts.items()} if args.burst else {}
     finally:
         remote.terminate()
         remote.wait()
@@ -125,21 +127,27 @@ def main() -> None:
         for n, wall, ratio, coord_ms, client_ms, remote_ms, kb in rows:
             print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | "
                   f"{client_ms:.2f} | {remote_ms:.2f} | {kb:.1f} |")
-    if over is not None:
-        n, wall, refused, hinted, cpu_ms = over
-        print(f"\nDefault limits (max_queue_depth 1000, max_queued_per_client 200), {n:,} at "
-              f"once from {CLIENTS} clients: {n - refused:,} served, {refused:,} refused with "
-              f"429 ({hinted:,} with Retry-After) in {wall:.1f} s; coordinator CPU "
-              f"{cpu_ms:.2f} ms per request, served or refused")
+    if over:
+        print(f"\nDefault limits (max_queue_depth 1000, max_queued_per_client 200), "
+              f"{args.burst:,} at once from {CLIENTS} clients\n")
+        print("| coordinator | served | refused with 429 | with Retry-After | wall, s | "
+              "coordinator CPU ms/request, served or refused |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, (n, wall, refused, hinted, cpu_ms) in over.items():
+            print(f"| {name} | {n - refused:,} | {refused:,} | {hinted:,} | {wall:.1f} | "
+                  f"{cpu_ms:.2f} |")
 
 
-def limited(port: int, upstream: psutil.Process, n: int) -> tuple[int, float, int, int, float]:
-    """A burst over the default queue limits: how many are refused, how fast, at what CPU."""
+def limited(port: int, n: int, checkout: Path | None) -> tuple[int, float, int, int, float]:
+    """A burst over the default queue limits: how many are refused, how fast, at what CPU
+    (``checkout``'s code when given)."""
     with tempfile.TemporaryDirectory() as tmp:
         server = BenchServer(Path(tmp), {"log_level": "WARNING"},
                              [{"id": "remote", "backend": "cloud", "category": "llm",
                                "parallel": PARALLEL,
                                "base_url": f"http://127.0.0.1:{port}/v1"}])
+        if checkout is not None:
+            server.checkout = checkout
         try:
             server.start()
             coordinator = psutil.Process(server.proc.pid)

@@ -36,7 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+    # uvicorn's own lines (an access line per request among them) follow log_level too
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=logging.getLogger().level,
                 timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
     return 0
 

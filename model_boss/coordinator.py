@@ -241,7 +241,7 @@ class Coordinator:
         m.queue_limit.labels("total").set(self.settings.max_queue_depth)
         m.queue_limit.labels("per_client").set(self.settings.max_queued_per_client)
         m.queue_waiting.clear()
-        for priority, count in self.queue.waiting_by_priority().items():
+        for priority, count in self.queue.backlog.by_priority().items():
             m.queue_waiting.labels(str(priority)).set(count)
         for usage in await self.boss.usage():
             m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)

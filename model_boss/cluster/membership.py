@@ -57,7 +57,7 @@ class Membership:
 
     async def record(self) -> MemberRecord:
         snap = await self.pool.snapshot()
-        queued = self.queue.waiting_by_model()
+        queued = self.queue.backlog.by_model()
         slots = []
         for view in snap.slots:
             slot = self.pool.slots.get(view.model_id)

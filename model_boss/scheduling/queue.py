@@ -32,7 +32,7 @@ from ..settings import Settings
 from .budget import Prediction, admit, predict
 from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait
-from .request import Backlog, QueuedRequest, SlotTicket
+from .request import ARRIVING, Arrivals, Backlog, QueuedRequest, SlotTicket
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
 from .seams import SlotBoard, SlotGate
@@ -57,7 +57,8 @@ class InferenceQueue:
         self.order_policy = OrderPolicy(aging_s=settings.aging_s,
                                         fair_share=settings.fair_share,
                                         turn_s=settings.fair_share_turn_s)
-        self._pending = Backlog(self.order_policy)
+        self._pending = self.backlog = Backlog(self.order_policy)  # read-only outside
+        self.arrivals = Arrivals()  # let through the gate, not queued yet
         # (deadline, arrival, request): the next to time out without a scan (stale entries,
         # of requests no longer waiting, are dropped as they come to the top)
         self._deadlines: list[tuple[float, int, QueuedRequest]] = []
@@ -82,6 +83,8 @@ class InferenceQueue:
 
     async def acquire(self, request: QueuedRequest) -> SlotTicket:
         """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
+        if (arrived := ARRIVING.get()) is not None:
+            arrived()  # from here on it counts as queued, or is refused
         cooldown = self.requestors.cooldown_left(request.model_id)
         if cooldown > 0:  # the model's own failures, whoever asked; a task falls back
             raise ModelUnavailable(f"'{request.model_id}' is cooling down after repeated "
@@ -156,27 +159,31 @@ class InferenceQueue:
         client_limit = min(self.settings.max_queued_per_client,
                            request.max_queued if request.max_queued is not None else 10**9)
         entry = self.pool.catalog.find(request.model_id)
-        model_limit = entry.manifest.max_queued if entry else None
-        refusal = self._refusal(request.client_id, client_limit, request.model_id, [
-            ("model_queue_full", self._pending.of_model(request.model_id), model_limit,
-             f"the queue for '{request.model_id}'")])
+        refusal = self._refusal(request.client_id, client_limit, request.model_id, (
+            "model_queue_full", self._pending.of_model(request.model_id),
+            entry.manifest.max_queued if entry else None, f"the queue for '{request.model_id}'"))
         if refusal is not None:
             raise refusal
 
     def refusal(self, client_id: str | None) -> RateLimited | None:
         """The 429 a request gets whatever its body says, known from its client's header
         alone: the queue is full, or that client's share of it is (a client profile only
-        ever lowers the share). Asked before the body is read, so a burst over the limits
-        costs little; the full checks still run when the request is queued."""
-        return self._refusal(client_id, self.settings.max_queued_per_client, None, [])
+        ever lowers the share), counting the requests on their way in (:attr:`arrivals`).
+        Asked before the body is read, so a burst over the limits costs little; the full
+        checks run again when the request is queued."""
+        return self._refusal(client_id, self.settings.max_queued_per_client, None, None)
 
     def _refusal(self, client_id: str | None, client_limit: int, model_id: str | None,
-                 more: list[tuple[str, int, int | None, str]]) -> RateLimited | None:
+                 of_model: tuple[str, int, int | None, str] | None) -> RateLimited | None:
+        """``of_model`` None: at the gate, where the requests on their way in count too."""
         known = self.requestors.known(client_id) if client_id else None
-        checks = [("queue_full", len(self._pending), self.settings.max_queue_depth,
-                   "the queue"),
-                  ("client_queue_full", known.queued if known else 0, client_limit,
-                   f"client '{client_id}'s share of the queue"), *more]
+        gate = of_model is None
+        checks = [("queue_full", len(self._pending) + (self.arrivals.total if gate else 0),
+                   self.settings.max_queue_depth, "the queue"),
+                  ("client_queue_full", (known.queued if known else 0) + (
+                      self.arrivals.by_client.get(client_id or "", 0) if gate else 0),
+                   client_limit, f"client '{client_id}'s share of the queue"),
+                  *([of_model] if of_model else [])]
         for code, waiting, limit, what in checks:
             if limit is not None and waiting >= limit:
                 self.events.emit("queue_rejected", model=model_id or "", client=client_id,
@@ -208,12 +215,6 @@ class InferenceQueue:
                 credits[model_id] = max(MIN_WARM_CREDIT_S,
                                         self.pool.learned.predicted_load_s(model_id, size))
         return credits
-
-    def waiting_by_priority(self) -> dict[int, int]:
-        return self._pending.by_priority()
-
-    def waiting_by_model(self) -> dict[str, int]:
-        return self._pending.by_model()
 
     def wanted_models(self) -> tuple[str, ...]:
         """The models waiting requests need, in serving order (look-ahead eviction)."""

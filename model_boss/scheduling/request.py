@@ -1,6 +1,7 @@
 """QueuedRequest: one request waiting for its model; Backlog: the waiting requests, with the
 counts the queue reads on every arrival kept as they come and go; SlotTicket: the right to send
-a request to a READY slot once granted, released exactly once."""
+a request to a READY slot once granted, released exactly once; Arrivals: requests on their way
+into the queue."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from .ordering import Lines, OrderPolicy, Waiter
@@ -129,3 +131,37 @@ class SlotTicket:
             return
         self._released = True
         self._on_release(self, ok, client_fault)
+
+
+# the gate's "this request reached the queue" for the request served in this context
+# (api.middleware.queue_gate sets it; InferenceQueue.acquire calls it)
+ARRIVING: ContextVar[Callable[[], None] | None] = ContextVar("arriving", default=None)
+
+
+class Arrivals:
+    """Requests let through the gate that have not reached the queue yet (their bodies are
+    being read and parsed), in all and by client: counted against the queue's limits, so a
+    burst over them is refused at the gate rather than after each request's parse."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_client: Counter[str] = Counter()
+
+    def enter(self, client_id: str | None) -> Callable[[], None]:
+        """Count one arrival; the callable returned uncounts it (once, however often called)."""
+        self.total += 1
+        if client_id:
+            self.by_client[client_id] += 1
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if left:
+                return
+            left = True
+            self.total -= 1
+            if client_id:
+                self.by_client[client_id] -= 1
+                if self.by_client[client_id] <= 0:
+                    del self.by_client[client_id]
+        return leave

@@ -38,8 +38,8 @@ def queue_status(queue: InferenceQueue, shown: int = 50) -> dict[str, Any]:
     return {
         "depth": queue.depth,
         "granted_total": queue.granted_total,
-        "by_model": queue.waiting_by_model(),
-        "by_priority": queue.waiting_by_priority(),
+        "by_model": queue.backlog.by_model(),
+        "by_priority": queue.backlog.by_priority(),
         "waiting": [
             {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
              "waited_s": round(now - r.submitted_at, 3),

@@ -231,3 +231,42 @@ async def queued(coord, client):
     """A request that waits as long as the test needs (``hold`` gives up after 2 s)."""
     return await asyncio.wait_for(coord.queue.acquire(
         QueuedRequest(model_id="a", priority=5, client_id=client)), 60)
+
+
+async def test_requests_on_their_way_in_count_at_the_gate_only(tmp_path):
+    """A burst: requests let through the gate fill the limits before any is queued, so the
+    rest are refused at the gate; one that reaches the queue stops counting as arriving, and
+    the queue's own check counts only what is queued (no request is refused twice over)."""
+    from model_boss.scheduling.request import ARRIVING
+
+    coord, _ = coordinator(tmp_path, [manifest("a")], max_queue_depth=3,
+                           max_queued_per_client=2)
+    await coord.start()
+    try:
+        queue = coord.queue
+        holder = await hold(coord, "a", "holder")
+        assert queue.refusal("x") is None
+        leaving = [queue.arrivals.enter("x"), queue.arrivals.enter("x")]
+        assert queue.refusal("x").code == "client_queue_full"  # x's two are on their way
+        assert queue.refusal("y") is None and queue.refusal(None) is None
+        leaving.append(queue.arrivals.enter("y"))
+        assert queue.refusal("z").code == "queue_full" and queue.depth == 0
+
+        async def arrive(leave, client):
+            ARRIVING.set(leave)  # as the gate does, in the request's own context
+            return await queued(coord, client)
+
+        waiting = [asyncio.create_task(arrive(leave, client))
+                   for leave, client in zip(leaving, ("x", "x", "y"), strict=True)]
+        await asyncio.sleep(0.05)
+        assert queue.depth == 3 and queue.arrivals.total == 0
+        assert dict(queue.arrivals.by_client) == {}
+        assert queue.refusal("z").code == "queue_full"  # now by the queue itself
+        leaving[0]()  # a second call changes nothing
+        assert queue.arrivals.total == 0
+        holder.release()
+        for granted in asyncio.as_completed(waiting, timeout=10):
+            (await granted).release()
+        assert queue.refusal("z") is None
+    finally:
+        await coord.stop()

@@ -7,15 +7,18 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...coordinator import Coordinator
+from ...scheduling.request import ARRIVING
 from ..errors import error_response
 
 
 class QueueGate:
     """429 with ``Retry-After`` for a POST to one of ``paths`` (the routes whose requests
     wait in the queue) while the queue is full, or while the client its ``x-client-id``
-    header names holds its whole share. Everything else goes on; the queue checks every
-    limit again when the request is queued. Off on a cluster member, which may forward
-    the request to a member with room."""
+    header names holds its whole share, counting the requests let through that have not
+    reached the queue yet (a burst is refused here once it fills the limits, not after each
+    request's parse). Everything else goes on; the queue checks every limit again when the
+    request is queued. Off on a cluster member, which may forward the request to a member
+    with room."""
 
     def __init__(self, app: ASGIApp, coordinator: Coordinator, paths: frozenset[str]) -> None:
         self.app = app
@@ -25,8 +28,18 @@ class QueueGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] in self.paths and self.coord.cluster is None):
-            refusal = self.coord.queue.refusal(Headers(scope=scope).get("x-client-id"))
+            queue = self.coord.queue
+            client_id = Headers(scope=scope).get("x-client-id")
+            refusal = queue.refusal(client_id)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
+            arrived = queue.arrivals.enter(client_id)
+            token = ARRIVING.set(arrived)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                arrived()  # refused, failed or answered without queueing: no longer arriving
+                ARRIVING.reset(token)
+            return
         await self.app(scope, receive, send)
