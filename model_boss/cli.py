@@ -1,5 +1,5 @@
-"""``model-boss serve | ps | load | unload | pin | unpin | pull | rm | reload | config | leases |
-simulate``."""
+"""``model-boss serve | ps | status | load | unload | pin | unpin | pull | rm | reload | config |
+leases | simulate``: what each command does (the parser, its help and examples: cli_parser.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from .cli_parser import build_parser
 from .errors import ConfigError
 from .ps_table import render_ps
 from .simulation import cli as simulate_cli
@@ -85,46 +86,13 @@ def _ps(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
         return 1
-    print(render_ps(data, time.time()))
+    # the server's clock: countdowns (UNTIL, lease expiry) read right from another host too
+    print(render_ps(data, data.get("time", time.time())))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="model-boss")
-    parser.add_argument("--url", default=os.environ.get("MODEL_BOSS_URL",
-                                                        "http://127.0.0.1:8210"))
-    parser.add_argument("--timeout", type=float, default=600.0)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the daemon")
-    serve.add_argument("--config", help="YAML settings file (or MODEL_BOSS_CONFIG)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    ps = sub.add_parser("ps", help="GPUs and slots of a running daemon")
-    ps.add_argument("--cluster", action="store_true",
-                    help="every member of its cluster and their models")
-    ps.add_argument("--watch", action="store_true",
-                    help="redraw on every event; loads show their stage")
-    sub.add_parser("status", help="the full status document as JSON")
-    for name in ("load", "unload", "pin", "unpin"):
-        sub.add_parser(name, help=f"{name} a model").add_argument("model")
-    sub.add_parser("pull", help="fetch a GGUF from the Hugging Face Hub into the models "
-                   "folder: hf://ORG/REPO/FILE.gguf or hf://ORG/REPO:QUANT").add_argument(
-        "source")
-    sub.add_parser("rm", help="delete a discovered or pulled model's files").add_argument(
-        "model")
-    sub.add_parser("reload", help="read manifests, tasks and the models folder again")
-    config = sub.add_parser("config", help="show or change runtime config")
-    config.add_argument("assignments", nargs="*", help="key=value (true/false/numbers)")
-    leases = sub.add_parser("leases", help="list, take or release GPU leases")
-    leases.add_argument("action", nargs="?", choices=["list", "acquire", "release"],
-                        default="list")
-    leases.add_argument("--vram-mb", type=int)
-    leases.add_argument("--gpu", type=int)
-    leases.add_argument("--kind", default="external")
-    leases.add_argument("--ttl-s", type=float)
-    leases.add_argument("--id")
-    simulate_cli.add_parser(sub)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     if args.command == "serve":
         return _serve(args)

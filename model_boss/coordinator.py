@@ -22,14 +22,14 @@ from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
-from .jobs.runner import Answer, Dispatched, JobRunner
+from .jobs.runner import Answer, Dispatched, JobRunner, Reported
 from .library import LiveCatalog, Pulls
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
 from .scheduling.waiting import queue_status
-from .settings import Settings
+from .settings import PreloadEntry, Settings
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .slots.slot import SlotState
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 # serves one job's request through the same path a live request takes (services.run_job)
-JobWork = Callable[["Coordinator", Job, Dispatched], Awaitable[Answer]]
+JobWork = Callable[["Coordinator", Job, Dispatched, Reported], Awaitable[Answer]]
 
 
 class Coordinator:
@@ -76,15 +76,15 @@ class Coordinator:
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
         self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events)
         self.pulls = Pulls(settings, self.catalog, self.pool, self.events, self.reload)
-        for position, model in enumerate(settings.preload):
-            if model not in self.catalog:
-                raise ConfigError(f"settings: preload.{position}: unknown model '{model}'")
+        for position, preload in enumerate(settings.preload):
+            if preload.model not in self.catalog:
+                raise ConfigError(f"settings: preload.{position}: unknown model "
+                                  f"'{preload.model}'")
         self.image_files = ImageFiles(settings.state_path / "images")
         self.base_url = f"http://{settings.host}:{settings.port}"
         job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))
-        runner = JobRunner(self.catalog, self.pool,
-                           lambda job, dispatched: self._job_work(job, dispatched))
+        runner = JobRunner(self.catalog, self.pool, self._job_work)
         self.job_work = job_work
         self.cluster: Cluster | None = None
         if settings.cluster:  # only a member loads the Redis client
@@ -102,10 +102,10 @@ class Coordinator:
                                    max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
 
-    async def _job_work(self, job: Job, dispatched: Dispatched) -> Answer:
+    async def _job_work(self, job: Job, dispatched: Dispatched, report: Reported) -> Answer:
         if self.job_work is None:
             raise ConfigError("this coordinator was built without a job service (job_work)")
-        return await self.job_work(self, job, dispatched)
+        return await self.job_work(self, job, dispatched, report)
 
     def _make_store(self) -> LeaseStore:
         if self.settings.redis_url:
@@ -147,8 +147,8 @@ class Coordinator:
         ]
         self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
                                                name="metadata"))
-        for model in self.settings.preload:
-            self._preload(model)
+        for preload in self.settings.preload:
+            self._preload(preload)
         # the first image (or embedding, or transcript) skips the imports too
         for backend, kind in ((BackendKind.DIFFUSERS, DIFFUSERS),
                               (BackendKind.TRANSFORMERS, TRANSFORMERS)):
@@ -185,9 +185,14 @@ class Coordinator:
                 except Exception as exc:  # an unreadable file only loses its "file" rung
                     log.warning("reading metadata of %s failed: %s", entry.path, exc)
 
-    def _preload(self, model: str) -> None:
-        """Load in the background; a failure is logged and the server carries on."""
-        model_id = self.catalog.get(model).manifest.id
+    def _preload(self, preload: PreloadEntry) -> None:
+        """Load in the background, with the entry's own keep-alive and pin; a failure is
+        logged and the server carries on."""
+        model_id = self.catalog.get(preload.model).manifest.id
+        if preload.keep_alive_s is not None:
+            self.pool.kept_warm[model_id] = preload.keep_alive_s
+        if preload.pin:
+            self.pool.set_pinned(model_id, True)
 
         def done(task: asyncio.Task) -> None:
             if task.cancelled():

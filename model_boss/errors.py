@@ -148,8 +148,11 @@ class ModelBusy(CapacityExceeded):
 
 
 class BudgetExceeded(ModelBossError):
+    """The request's own time budget cannot be met: a refusal of what was asked, not a fault
+    of the server (503 with Retry-After: a later try may fit)."""
+
     status_code = 503
-    error_type = "server_error"
+    error_type = "invalid_request_error"
     code = "budget_exceeded"
 
 

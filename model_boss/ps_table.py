@@ -1,5 +1,6 @@
-"""``model-boss ps``: the status document as two tables, GPUs then models. Pure formatting
-(status dict and a clock in, text out), so what ``ps`` claims is tested without a daemon."""
+"""``model-boss ps``: the status document as tables, GPUs, their leases, then models. Pure
+formatting (status dict and a clock in, text out), so what ``ps`` claims is tested without a
+daemon."""
 
 from __future__ import annotations
 
@@ -45,14 +46,49 @@ def processor(slot: dict[str, Any]) -> str:
     return placement.get("share", "-") if slot.get("tier") == "gpu" else "-"
 
 
+def lease_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per lease and GPU it holds: who (``model-boss`` and the model for a slot's
+    lease, else the holder and its note), kind, GPU, MB, expiry and id; by GPU, slots first."""
+    by_slot = {s["lease"]["id"]: s["model"] for s in status["slots"] if s.get("lease")}
+    rows = []
+    for lease in status["leases"]:
+        model = by_slot.get(lease["id"])
+        for gpu, mb in lease["allocations"].items():
+            rows.append({"holder": "model-boss" if model else lease["holder"],
+                         "kind": lease["kind"],
+                         "for": model or lease.get("note") or "outside holder",
+                         "gpu": int(gpu), "mb": mb, "expires_at": lease["expires_at"],
+                         "id": lease["id"], "slot": model is not None})
+    return sorted(rows, key=lambda r: (r["gpu"], not r["slot"], r["for"], r["id"]))
+
+
+def expires(expires_at: float, now: float) -> str:
+    """A lease's time left: "28 seconds from now"; "expired" once past (not yet reclaimed)."""
+    return _in(expires_at - now) if expires_at > now else "expired"
+
+
 def render_ps(status: dict[str, Any], now: float) -> str:
-    """GPUs (with where the inventory comes from) and every model's slot: SIZE is the whole
-    model, PROCESSOR where it runs, UNTIL its keep-alive deadline; VRAM MB and FROM are the
-    estimate and its rung (measured, manifest, llama.cpp-fit, file, ...)."""
+    """GPUs (with where the inventory comes from), every lease on them, and every model's
+    slot. LEASED is the sum of the leases listed under it, so the figures add up; SIZE is the
+    whole model, PROCESSOR where it runs, UNTIL its keep-alive deadline; VRAM MB and FROM are
+    the estimate and its rung (measured, manifest, llama.cpp-fit, file, ...)."""
+    leases = lease_rows(status)
+    leased: dict[int, int] = {}
+    for row in leases:
+        leased[row["gpu"]] = leased.get(row["gpu"], 0) + row["mb"]
     lines = [f"{'GPU':<5}{'NAME':<22}{'SOURCE':<10}{'CAPACITY':>10}{'LEASED':>10}{'FREE':>10}"]
     for g in status["gpus"]:
         lines.append(f"{g['index']:<5}{g['name'][:21]:<22}{g.get('source', '-'):<10}"
-                     f"{g['capacity_mb']:>10}{g['leased_mb']:>10}{g['free_mb']:>10}")
+                     f"{g['capacity_mb']:>10}{leased.get(g['index'], 0):>10}{g['free_mb']:>10}")
+    lines.append("")
+    lines.append(f"{'LEASE HOLDER':<24}{'KIND':<11}{'FOR':<24}{'GPU':>4}{'MB':>8}  "
+                 f"{'EXPIRES':<26}{'ID'}")
+    for r in leases:
+        lines.append(f"{r['holder'][:23]:<24}{r['kind'][:10]:<11}{r['for'][:23]:<24}"
+                     f"{r['gpu']:>4}{r['mb']:>8}  {expires(r['expires_at'], now)[:25]:<26}"
+                     f"{r['id']}")
+    if not leases:
+        lines.append("(no leases)")
     lines.append("")
     lines.append(f"{'MODEL':<24}{'STATE':<11}{'SIZE':>9}  {'PROCESSOR':<27}{'UNTIL':<20}"
                  f"{'VRAM MB':>8} {'FROM':<14}{'PID':>8}{'ACTIVE':>7}")

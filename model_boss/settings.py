@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -63,6 +64,18 @@ class ClientProfile(BaseModel):
     share: float | None = Field(default=None, gt=0)  # fair-share weight (else the task's)
     default_task: str | None = None
     allowed_models: list[str] | None = None
+
+
+class PreloadEntry(BaseModel):
+    """A model loaded in the background at startup. ``keep_alive_s``: how long it stays
+    after its last request (None: its stay-warm; -1: until evicted for room); ``pin``: never
+    evicted, as ``POST /api/v1/models/{id}/pin``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    keep_alive_s: float | None = None
+    pin: bool = False
 
 
 class Settings(BaseSettings):
@@ -133,7 +146,8 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=lambda: list(LOOPBACK_ORIGINS))
     allow_cloud_fallback: bool = True
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
-    preload: list[str] = Field(default_factory=list)
+    # ids, or entries that stay: {model, keep_alive_s: -1 | seconds, pin: true}
+    preload: list[PreloadEntry] = Field(default_factory=list)
     ram_reserve_mb: int = Field(default=4096, ge=0)
     max_offloaded_mb: int | None = Field(default=None, ge=0)
     # llama.cpp models' prompt caches saved when they are evicted or unloaded and restored at
@@ -150,6 +164,12 @@ class Settings(BaseSettings):
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True
     log_level: str = "INFO"
+
+    @field_validator("preload", mode="before")
+    @classmethod
+    def _preload_ids(cls, value: Any) -> Any:
+        return [{"model": v} if isinstance(v, str) else v for v in value] \
+            if isinstance(value, list) else value
 
     @field_validator("cors_origins")
     @classmethod

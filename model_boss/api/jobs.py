@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from ..coordinator import Coordinator
 from ..jobs import Job
 from ..scheduling.waiting import queue_place
-from ..services import ENDPOINT_BODIES, parse, pop_extensions
+from ..services import ENDPOINT_BODIES, accept_job
 from .context import coordinator_of
 from .errors import OpenAIError, documented
 
@@ -33,11 +33,13 @@ class JobRequest(BaseModel):
 
 @router.post("/api/v1/jobs", status_code=202)
 async def submit_job(request: Request, payload: JobRequest) -> JSONResponse:
-    body = parse(ENDPOINT_BODIES[payload.endpoint], payload.body).model_dump(
-        exclude_unset=True)  # a bad body is a 400 now, not a failed job later
-    ext = pop_extensions(dict(body), request.headers)
-    client_id = ext.client_id or payload.client_id or "anonymous"
-    job = await coordinator_of(request).jobs.submit(payload.endpoint, body, client_id)
+    """Checked as the live request would be before it is taken (on the member that takes
+    it, in a cluster): a bad body, ``stream: true``, an unknown model or task are answered
+    now (400, 404), not failed later."""
+    coord = coordinator_of(request)
+    body, client_id = await accept_job(coord, payload.endpoint, payload.body,
+                                       request.headers, payload.client_id)
+    job = await coord.jobs.submit(payload.endpoint, body, client_id)
     return JSONResponse(job.public(), status_code=202,
                         headers={"location": f"/api/v1/jobs/{job.id}"})
 

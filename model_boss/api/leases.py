@@ -62,8 +62,15 @@ def boss_of(request: Request) -> GPUBoss:
     return request.app.state.boss
 
 
+def address_of(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
 def holder_of(request: Request, body: LeaseTerms) -> str:
-    return body.holder or f"http:{request.client.host if request.client else '?'}"
+    """The name the lease was taken with: the body's ``holder``, else the client the request
+    names (``X-Client-Id``, which a named API key sets), else the caller's address."""
+    client = request.headers.get("x-client-id", "").strip()[:200]
+    return body.holder or client or f"http:{address_of(request)}"
 
 
 @router.get("/api/v1/leases")
@@ -80,7 +87,8 @@ async def acquire_lease(request: Request, body: LeaseRequest) -> JSONResponse:
     lease = await boss.acquire(
         kind=body.kind, allocations=body.allocations, vram_mb=body.vram_mb, gpu=body.gpu,
         priority=body.priority, ttl_s=body.ttl_s,
-        holder=holder_of(request, body), note=body.note, heartbeat=False)
+        holder=holder_of(request, body), note=body.note, address=address_of(request),
+        heartbeat=False)
     return JSONResponse(lease.to_dict(), status_code=201)
 
 
@@ -95,7 +103,8 @@ async def reassert_lease(request: Request, lease_id: LeaseId,
     boss = boss_of(request)
     lease = Lease(id=lease_id, holder=holder_of(request, body), kind=body.kind,
                   allocations=dict(body.allocations), priority=body.priority,
-                  ttl_s=body.ttl_s or boss.ttl_s, note=body.note)
+                  ttl_s=body.ttl_s or boss.ttl_s, note=body.note,
+                  address=address_of(request))
     if not await boss.reassert(lease):
         raise LeaseUnavailable(f"lease {lease_id} no longer fits: its VRAM was taken",
                                retry_after_s=5)

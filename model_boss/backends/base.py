@@ -18,7 +18,7 @@ from ..catalog import CatalogEntry
 from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
-from .process import WorkerProcess
+from .process import WorkerProcess, exit_words
 from .upstream import UpstreamClient, UpstreamTransportError
 from .worker_errors import upstream_error
 
@@ -27,6 +27,14 @@ _JSON = {"content-type": "application/json"}
 # millisecond, and every interval adds half itself to a cold start on average
 _STARTUP_POLL_S = 0.02
 log = logging.getLogger(__name__)
+
+
+def exit_story(backend: object, code: int | None) -> str:
+    """For the log and the admin status: how a worker ended, and its last error lines."""
+    process = getattr(backend, "process", None)
+    errors = process.error_lines() if isinstance(process, WorkerProcess) else []
+    story = f"worker stopped unexpectedly ({exit_words(code)})"
+    return story + (f"; its last error lines: {' | '.join(errors)}" if errors else "")
 ProgressCallback = Callable[[str, "float | None"], None]
 
 
@@ -198,8 +206,8 @@ class HttpWorkerBackend:
             if not self.process.running:
                 await asyncio.sleep(0.1)  # let the output reader drain
                 raise LoadFailed(
-                    f"worker for '{self.manifest.id}' exited with {self.process.returncode} "
-                    f"while loading: {self._tail_text()}")
+                    f"the worker of '{self.manifest.id}' stopped while loading "
+                    f"({exit_words(self.process.returncode)}): {self._tail_text()}")
             if await self._probe_starting():
                 return
             await asyncio.sleep(_STARTUP_POLL_S)
@@ -207,6 +215,9 @@ class HttpWorkerBackend:
                          f"{timeout_s:.0f}s: {self._tail_text()}", retry_after_s=10)
 
     def _tail_text(self, lines: int = 5) -> str:
+        """The worker's last error lines; its last lines when none reads as an error."""
+        if self.process is not None and (errors := self.process.error_lines(lines)):
+            return " | ".join(errors)
         tail = [line for line in (self.process.tail() if self.process else []) if line.strip()]
         return " | ".join(tail[-lines:]) or "(no output)"
 
@@ -245,14 +256,19 @@ class HttpWorkerBackend:
             self._upstream = None
 
     async def crashed(self, exc: Exception) -> WorkerCrashed:
-        """The error for a broken worker connection; waits a moment for the exit status."""
+        """The error for a broken worker connection, in the client's words (what ended and
+        what to do); the cause and the worker's last error lines go to the log."""
         if self.process is not None and self.process.running:
             await self.process.wait_exit(0.5)
         code = self.process.returncode if self.process else None
-        state = f"exited with {code}" if code is not None else "broke the connection"
-        last = self.process.last_line() if self.process else ""
-        return WorkerCrashed(f"worker for '{self.manifest.id}' {state} ({type(exc).__name__}); "
-                             f"last worker output: {last or '(none)'}")
+        log.warning("%s: %s (%s: %s)", self.manifest.id, exit_story(self, code),
+                    type(exc).__name__, exc)
+        if code is None:
+            return WorkerCrashed(f"The worker of '{self.manifest.id}' broke off the request "
+                                 "(its connection closed). Retry the request.")
+        return WorkerCrashed(f"The worker of '{self.manifest.id}' stopped unexpectedly "
+                             f"({exit_words(code)}). Retry the request: the next one loads "
+                             "the model again.")
 
     async def handle_request(self, endpoint: str, body: dict[str, Any],
                              stream: bool) -> UpstreamResponse:

@@ -21,6 +21,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -31,6 +32,26 @@ from pathlib import Path
 import psutil
 
 log = logging.getLogger(__name__)
+
+# a line of worker output that reads as an error: its words, or llama.cpp's level letter
+_ERROR_LINE = re.compile(r"\b(?:error|fatal|failed|failure|exception|traceback|abort(?:ed)?|"
+                         r"out of memory|segmentation fault|terminate called)\b", re.IGNORECASE)
+_LEVEL_E = re.compile(r"^(?:[\d.:]+\s+)?E\s")
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+
+
+def exit_words(code: int | None) -> str:
+    """How a process ended, in words: "killed by signal 9 (SIGKILL)", "exit status 1"."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 _PR_SET_PDEATHSIG = 1
 _CLOCK_SLACK_S = 1.0  # start times from /proc and from the pid file may differ this much
@@ -59,6 +80,7 @@ class WorkerProcess:
         self.pid_dir = pid_dir
         self.log_file = log_file
         self._tail: deque[str] = deque(maxlen=tail_lines)
+        self._errors: deque[str] = deque(maxlen=tail_lines)  # what error_lines() returns
         self.on_line: Callable[[str], None] | None = None  # each output line, as it comes
         self._proc: asyncio.subprocess.Process | None = None
         self._started_at = 0.0  # the leader's create_time: the group's lower age bound
@@ -86,6 +108,11 @@ class WorkerProcess:
 
     def tail(self) -> list[str]:
         return list(self._tail)
+
+    def error_lines(self, lines: int = 5) -> list[str]:
+        """The last ``lines`` lines of output that read as errors (llama.cpp's ``E`` lines,
+        Python's tracebacks and ERROR records, "error", "failed", "fatal" and the like)."""
+        return list(self._errors)[-lines:]
 
     def last_line(self) -> str:
         lines = [line for line in self._tail if line.strip()]
@@ -122,10 +149,12 @@ class WorkerProcess:
             async for raw in self._proc.stdout:
                 line = raw.decode(errors="replace").rstrip()
                 self._tail.append(line)
+                if _ERROR_LINE.search(line) or _LEVEL_E.match(line):
+                    self._errors.append(line)
                 if self.on_line is not None:
                     self.on_line(line)
-                if sink:
-                    sink.write(line + "\n")
+                if sink:  # stamped with the wall clock: a worker's own stamps are relative
+                    sink.write(f"{_stamp()} {line}\n")
         except Exception as exc:  # output reading must never take the coordinator down
             log.debug("output reader for %s ended: %s", self.name, exc)
         finally:

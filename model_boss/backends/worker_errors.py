@@ -3,6 +3,7 @@ the client can act on; what the worker got wrong is a 502."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -10,9 +11,30 @@ import orjson
 from ..errors import UpstreamError
 
 _ENVELOPE_FIELDS = {"message", "type", "code", "param"}
+# llama.cpp's advice names its own flags ("Start it with `--embeddings`"), which model-boss
+# sets: the advice a user can follow names the manifest field instead
+_START_WITH = re.compile(r"[Ss]tart it with\s+`?(--[\w-]+)`?")
+_FLAG_NEEDED = re.compile(r"(?:requires|try using|use it with)\s+`?(--[\w-]+)`?(?:\s+flag)?"
+                          r"(?:\s+instead)?")
+_FIELDS = {"message", "type", "code", "param"}
+# llama.cpp's advice names its own flags ("Start it with `--embeddings`"), which model-boss
+# sets: the advice a user can follow names the manifest field instead
+_FLAG_ADVICE = re.compile(r"(?:[Ss]tart it with|requires|try using|use it with)\s+`?(--[\w-]+)`?"
+                          r"(?:\s+flag)?(?:\s+instead)?")
+_FIELDS = {"--embeddings": "set `embeddings: true` in the model's manifest",
+           "--reranking": "set `reranking: true` in the model's manifest",
+           "--mmproj": "give the model a vision projector (`mmproj:` in its manifest, or an "
+                       "mmproj*.gguf beside a discovered file)",
+           "--jinja": "give the model a chat template that supports it (`chat_template:` in "
+                      "its manifest)"}
 _CODES = {"exceed_context_size_error": "context_length_exceeded"}
 # types that say "the server failed": a 4xx keeps OpenAI's client type instead
 _NOT_CLIENT_TYPES = {"server_error", "api_error", "internal_error", "unavailable_error"}
+
+
+def _remedy(flag: str) -> str:
+    return _FIELDS.get(flag, "the model needs a worker flag model-boss does not set for it "
+                             "(its manifest's `args`)")
 
 
 def upstream_error(model_id: str, status: int, raw: bytes, *,
@@ -44,7 +66,9 @@ def upstream_error(model_id: str, status: int, raw: bytes, *,
         message = err
     elif isinstance(data, dict) and data.get("detail"):
         message = str(data["detail"])
-    message = message[:1000]
+    message = _START_WITH.sub(lambda m: f"To turn this on, {_remedy(m.group(1))}",
+                              message[:1000])
+    message = _FLAG_NEEDED.sub(lambda m: f"(to fix it, {_remedy(m.group(1))})", message)
     if status in (401, 403) and our_secret:
         return UpstreamError(f"worker for '{model_id}' refused the coordinator's credentials "
                              f"({status})")

@@ -168,12 +168,13 @@ class GPUBoss:
         ttl_s: float | None = None,
         holder: str | None = None,
         note: str = "",
+        address: str = "",
         heartbeat: bool = True,
     ) -> Lease:
         """Take a lease, all-or-nothing; raise :class:`LeaseUnavailable` when it cannot fit.
 
         Give ``allocations`` ({gpu: MB}) or ``vram_mb`` (on ``gpu``, else the GPU with the
-        most free VRAM).
+        most free VRAM). ``address``: where an HTTP caller asked from, kept beside ``holder``.
         """
         await self._ensure_inventory()
         if allocations is None:
@@ -195,7 +196,7 @@ class GPUBoss:
         lease = Lease(
             id=new_lease_id(), holder=holder or self.holder, kind=kind,
             allocations=dict(sorted(allocations.items())), priority=priority,
-            ttl_s=ttl_s or self.ttl_s, note=note,
+            ttl_s=ttl_s or self.ttl_s, note=note, address=address,
         )
         if not await self.store.acquire(lease, self.limits()):
             asked = ", ".join(f"GPU {i}: {mb} MB" for i, mb in lease.allocations.items())

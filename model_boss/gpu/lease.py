@@ -10,7 +10,11 @@ from typing import Protocol
 
 @dataclass(slots=True)
 class Lease:
-    """A grant of VRAM on one or more GPUs. ``allocations`` maps GPU index → MB."""
+    """A grant of VRAM on one or more GPUs. ``allocations`` maps GPU index → MB.
+
+    ``holder`` names who holds it (the name it was taken with); ``address`` is where a lease
+    taken over the HTTP API was asked from (the caller's IP), empty for one taken in-process.
+    """
 
     id: str
     holder: str
@@ -21,6 +25,7 @@ class Lease:
     expires_at: float = 0.0
     created_at: float = field(default_factory=time.time)
     note: str = ""
+    address: str = ""
 
     @property
     def vram_mb(self) -> int:
@@ -51,6 +56,7 @@ class Lease:
             expires_at=float(data.get("expires_at", 0.0)),
             created_at=float(data.get("created_at", 0.0)),
             note=data.get("note", ""),
+            address=data.get("address", ""),
         )
 
 

@@ -29,15 +29,18 @@ class Answer(Protocol):
     media_type: str
 
 
+# told how far the work has come (a chat job: {"tokens": n}); kept as the job's progress
+Reported = Callable[[dict[str, Any]], None]
 # The work itself, injected from the service layer: serve the job's request, calling the
-# second argument once a slot has been granted.
-Work = Callable[[Job, Dispatched], Awaitable[Answer]]
+# second argument once a slot has been granted and the third as it makes progress.
+Work = Callable[[Job, Dispatched, Reported], Awaitable[Answer]]
 
 
 class JobRunner:
     """A JobManager's runner: LOADING while the model is cold, RUNNING once a slot is
-    granted, progress where the worker reports it, timings, then the answer as the result
-    (JSON, or base64 with its content type for anything else)."""
+    granted, progress where the work or the worker reports it (written at most every
+    ``progress_interval_s``), timings, then the answer as the result (JSON, or base64 with
+    its content type for anything else)."""
 
     def __init__(self, catalog: Catalog, pool: ModelPool, work: Work,
                  progress_interval_s: float = 0.2) -> None:
@@ -56,19 +59,22 @@ class JobRunner:
             await manager.update(job, status=JobStatus.LOADING)
         started = time.monotonic()
         watchers: list[asyncio.Task] = []
+        reported: dict[str, Any] = {}
 
         def dispatched(ticket: SlotTicket) -> None:
             job.model = ticket.slot.model_id
             job.timings["waited_s"] = round(time.monotonic() - started, 3)
-            watchers.append(asyncio.create_task(self._running(manager, job, ticket)))
+            watchers.append(asyncio.create_task(self._running(manager, job, ticket, reported)))
 
         try:
-            answer = await self.work(job, dispatched)
+            answer = await self.work(job, dispatched, reported.update)
         finally:
             for watcher in watchers:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
+        if reported:  # the last count, written with the result
+            job.progress = dict(reported)
         job.timings["run_s"] = round(time.monotonic() - started - job.timings.get(
             "waited_s", 0.0), 3)
         if "json" not in answer.media_type:
@@ -76,14 +82,14 @@ class JobRunner:
                     "b64": base64.b64encode(answer.body).decode()}
         return orjson.loads(answer.body)
 
-    async def _running(self, manager: JobManager, job: Job, ticket: SlotTicket) -> None:
-        """Mark the job running and, where the worker reports progress, follow it."""
+    async def _running(self, manager: JobManager, job: Job, ticket: SlotTicket,
+                       reported: dict[str, Any]) -> None:
+        """Mark the job running and follow its progress: what the work reports, and what
+        the worker does where it reports any (the diffusers worker's denoising steps)."""
         await manager.update(job, status=JobStatus.RUNNING)
-        progress = getattr(ticket.slot.backend, "progress", None)
-        if progress is None:
-            return
+        worker_progress = getattr(ticket.slot.backend, "progress", None)
         while True:
             await asyncio.sleep(self.progress_interval_s)
-            report = await progress()
+            report = {**reported, **(await worker_progress() if worker_progress else {})}
             if report and report != job.progress:
                 await manager.update(job, progress=report)

@@ -33,7 +33,9 @@ def predict(*, warm: bool, loading: bool, ahead: int, parallel: int, load_s: flo
     return Prediction(wait, load, infer_s)
 
 
-def admit(budget_s: float | None, prediction: Prediction) -> Decision:
+def admit(budget_s: float | None, prediction: Prediction,
+          given_s: float | None = None) -> Decision:
+    """``budget_s``: what is left of the budget ``given_s`` (the same when None)."""
     if budget_s is None:
         return Decision(True, prediction.total_s, "no budget")
     if prediction.total_s <= budget_s:
@@ -42,6 +44,7 @@ def admit(budget_s: float | None, prediction: Prediction) -> Decision:
     return Decision(
         False, prediction.total_s,
         f"predicted {prediction.total_s:.2f}s (wait {prediction.wait_s:.2f}s + load "
-        f"{prediction.load_s:.2f}s + inference {prediction.infer_s:.2f}s) exceeds the budget "
-        f"of {budget_s:g}s",
+        f"{prediction.load_s:.2f}s + inference {prediction.infer_s:.2f}s) exceeds "
+        + (f"the budget of {budget_s:g}s" if given_s is None or given_s == budget_s else
+           f"the {max(0.0, budget_s):.2f}s left of the budget of {given_s:g}s"),
         retry_after_s=max(1.0, prediction.wait_s + prediction.load_s))

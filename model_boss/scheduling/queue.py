@@ -92,7 +92,7 @@ class InferenceQueue:
                                    code="model_cooling_down")
         self._check_limits(request)
         if request.budget_s is not None:
-            decision = admit(request.budget_s, self.predict(request))
+            decision = admit(request.budget_s, self.predict(request), request.budget_given_s)
             if not decision.admitted:
                 self.requestors.get(request.client_id).rejected += 1
                 self.events.emit("budget_refused", model=request.model_id,
@@ -344,7 +344,8 @@ class InferenceQueue:
         waited = now - request.submitted_at
         if request.budget_s is not None and request.budget_s <= self.settings.max_queue_wait_s:
             return BudgetExceeded(
-                f"budget of {request.budget_s:g}s for '{request.model_id}' ran out after "
+                f"budget of {request.budget_given_s or request.budget_s:g}s for "
+                f"'{request.model_id}' ran out after "
                 f"waiting {waited:.1f}s in the queue", retry_after_s=max(1.0, request.budget_s))
         return CapacityExceeded(f"'{request.model_id}' could not be scheduled within "
                                 f"{waited:.0f}s", retry_after_s=10)

@@ -26,7 +26,8 @@ class QueuedRequest:
     priority: int
     client_id: str = "anonymous"
     endpoint: str = ""
-    budget_s: float | None = None
+    budget_s: float | None = None  # what is left of it when queued
+    budget_given_s: float | None = None  # the budget as the client or its task gave it
     keep_alive_s: float | None = None
     max_concurrency: int | None = None
     max_queued: int | None = None  # the client's own limit on waiting requests

@@ -26,7 +26,8 @@ def waiting_list(queue: InferenceQueue, limit: int | None = None,
     page = itertools.islice(enumerate(queue.in_order(), 1), offset, stop)
     return [{"request_id": r.request_id, "model": r.model_id, "priority": r.priority,
              "client_id": r.client_id, "position": position,
-             "waited_s": round(now - r.submitted_at, 3), "endpoint": r.endpoint}
+             "waited_s": round(now - r.submitted_at, 3),
+             "deadline_in_s": round(r.deadline - now, 3), "endpoint": r.endpoint}
             for position, r in page]
 
 
@@ -34,18 +35,12 @@ def queue_status(queue: InferenceQueue, shown: int = 50) -> dict[str, Any]:
     """The queue in ``/api/v1/status``: depth, counts by model and priority, the first
     ``shown`` waiters in order (a page of ``GET /api/v1/queue`` has the rest), the clients
     and the failing models. Its cost grows with ``shown`` and the clients, not the depth."""
-    now = time.time()
     return {
         "depth": queue.depth,
         "granted_total": queue.granted_total,
         "by_model": queue.backlog.by_model(),
         "by_priority": queue.backlog.by_priority(),
-        "waiting": [
-            {"model": r.model_id, "priority": r.priority, "client_id": r.client_id,
-             "waited_s": round(now - r.submitted_at, 3),
-             "deadline_in_s": round(r.deadline - now, 3)}
-            for r in itertools.islice(queue.in_order(), shown)
-        ],
+        "waiting": waiting_list(queue, shown),  # the rows of GET /api/v1/queue
         "clients": queue.requestors.to_list(),
         "failing_models": queue.requestors.models_failing(),
     }

@@ -3,7 +3,7 @@ arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette.""
 
 from .cancel import ClientDisconnected, unless_disconnected
 from .extensions import Extensions, pop_extensions
-from .jobs import run_job
+from .jobs import accept_job, run_job
 from .load_wait import serve_streaming
 from .media.images import FILES_PATH, IMAGES, generate_images
 from .schemas import (
@@ -34,6 +34,7 @@ __all__ = [
     "ResponsesRequest",
     "Served",
     "SpeechRequest",
+    "accept_job",
     "bad_request",
     "generate_images",
     "parse",

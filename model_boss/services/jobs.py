@@ -1,23 +1,67 @@
-"""The work behind a job: the same path a live request takes, with no caller waiting."""
+"""The work behind a job: checked as its live request would be when it is submitted, then
+served the same path a live request takes, with no caller waiting.
+
+A chat or text completion job asks its worker for a stream and counts the tokens as they
+pass (its progress), then answers whole: the stream put together as a llama.cpp worker's
+whole answers always are (:mod:`~model_boss.backends.llama.collect`), so the result is the
+body a request with ``stream: false`` gets.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from ..backends.base import UpstreamResponse
+from ..backends.llama.collect import as_stream, collectable, gather
+from ..backends.sse import sse_data
+from ..errors import BadRequest
 from ..jobs import Job
-from ..jobs.runner import Dispatched
+from ..jobs.runner import Dispatched, Reported
 from .extensions import pop_extensions
 from .media.images import IMAGES, generate_images
-from .schemas import ImageRequest
-from .served import Served
-from .serving import serve
+from .schemas import ENDPOINT_BODIES, ImageRequest
+from .served import Served, WorkerCall, openai_stream_end
+from .serving import admit, serve
 from .validation import parse
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
 
+# the fields of a streamed choice that carry generated text (a token an event, as llama.cpp
+# streams them)
+_GENERATED = ("content", "reasoning_content", "tool_calls", "text")
 
-async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched) -> Served:
+
+async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
+                     headers: Mapping[str, str],
+                     client_id: str | None) -> tuple[dict[str, Any], str]:
+    """Check a job's request as its live request is checked, before the job is taken: the
+    body by the endpoint's schema (a 400 naming the field), ``stream`` refused (a job answers
+    whole), then the route and its models (:func:`admit`: an unknown model or task is the
+    live request's 404). Returns the body to keep and the job's client id."""
+    schema = ENDPOINT_BODIES.get(endpoint)
+    if schema is None:
+        raise BadRequest(f"endpoint: '{endpoint}' cannot be a job; jobs run "
+                         f"{', '.join(ENDPOINT_BODIES)}", param="endpoint",
+                         code="unsupported_endpoint")
+    request = parse(schema, body)
+    if request.stream:
+        raise BadRequest("stream: a job returns its whole result when it finishes (GET "
+                         "/api/v1/jobs/{id}), with its tokens so far as its progress; leave "
+                         "'stream' out", param="stream", code="stream_not_supported")
+    kept = request.model_dump(exclude_unset=True)
+    fields = dict(kept)
+    ext = pop_extensions(fields, headers)
+    ext.client_id = ext.client_id or client_id or "anonymous"
+    await admit(coord, endpoint, fields, ext)
+    return kept, ext.client_id
+
+
+async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
+                  report: Reported) -> Served:
     body = dict(job.body)
     ext = pop_extensions(body, {})
     ext.client_id = ext.client_id or job.client_id
@@ -27,4 +71,51 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched) -> Serv
         return await generate_images(coord, request, ext, coord.base_url,
                                      on_dispatch=on_dispatch)
     body["stream"] = False
-    return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch)
+    return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch,
+                       adapter=TokenCount(report))
+
+
+class TokenCount:
+    """The adapter of a job's request: a chat or text completion that can be put together
+    from its stream (one choice) is asked as one, its tokens counted as they pass, and
+    gathered whole before its slot is given back; anything else goes as it came."""
+
+    stream_end = staticmethod(openai_stream_end)
+
+    def __init__(self, report: Reported) -> None:
+        self.report = report
+        self.tokens = 0
+
+    def call(self, backend: Any, model_id: str, endpoint: str,
+             body: dict[str, Any]) -> WorkerCall:
+        if not collectable(endpoint, body) or (body.get("n") or 1) > 1:
+            return WorkerCall(endpoint, body)
+
+        async def whole(upstream: UpstreamResponse) -> UpstreamResponse:
+            return await gather(endpoint, upstream, model_id, self._counted)
+
+        self.tokens = 0  # a task's next rung starts over
+        return WorkerCall(endpoint, as_stream(endpoint, body), gather=whole)
+
+    def _counted(self, event: bytes) -> None:
+        data = sse_data(event)
+        if not data or data == b"[DONE]":
+            return
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return  # not the job's to judge: the gathering says what is wrong
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        generated = sum(1 for choice in choices or [] if _generated(choice))
+        if generated:
+            self.tokens += generated
+            self.report({"tokens": self.tokens})
+
+
+def _generated(choice: Any) -> bool:
+    """Whether a streamed choice carries generated text: a chat delta's content, reasoning or
+    tool call, a text completion's text."""
+    if not isinstance(choice, dict):
+        return False
+    fields = choice.get("delta") if "delta" in choice else choice
+    return isinstance(fields, dict) and any(fields.get(name) for name in _GENERATED)

@@ -79,7 +79,7 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    role: str = Field(min_length=1)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Content = None
 
 

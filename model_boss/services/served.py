@@ -4,12 +4,13 @@ forwarding to a member share it without importing each other."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from ..backends.base import UpstreamResponse
 from ..errors import ModelBossError
 from .redact import redacted
 
@@ -45,12 +46,15 @@ def openai_stream_end(exc: Exception) -> bytes:
 @dataclass(slots=True)
 class WorkerCall:
     """What one request sends its worker, and how the worker's answer is told back to the
-    caller: ``answer`` rewrites a whole 2xx body, ``chunks`` wraps a stream."""
+    caller: ``answer`` rewrites a whole 2xx body, ``chunks`` wraps a stream, ``gather``
+    makes a stream one whole answer before the slot is given back (a job asks its worker
+    for a stream, to count its tokens, and answers whole)."""
 
     endpoint: str
     body: dict[str, Any]
     answer: Callable[[bytes], bytes] | None = None
     chunks: Callable[[Chunks], Chunks] | None = None
+    gather: Callable[[UpstreamResponse], Awaitable[UpstreamResponse]] | None = None
 
 
 class Adapter(Protocol):

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..backends.registry import BACKENDS
-from ..catalog import ModelManifest
+from ..catalog import BackendKind, Category, ModelManifest
 from ..errors import (
     BadRequest,
     BudgetExceeded,
@@ -49,6 +49,7 @@ from .served import (
 if TYPE_CHECKING:
     from ..catalog.tasks import TaskSpec
     from ..coordinator import Coordinator
+    from ..scheduling.router import RoutePlan
     from ..settings import ClientProfile, Settings
 
 log = logging.getLogger(__name__)
@@ -76,22 +77,57 @@ async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Ex
         raise
 
 
-async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
-                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None,
-                 adapter: Adapter | None) -> Served:
+async def admit(coord: Coordinator, endpoint: str, body: dict[str, Any],
+                ext: Extensions) -> None:
+    """Raise now what :func:`serve` would refuse before it queues (an unknown model or task,
+    a forbidden model, every candidate passed over): the same errors from the same checks,
+    nothing queued or loaded. A job is checked so before it is taken."""
+    try:
+        plan, _, body = await _route(coord, body, ext)
+        refusals = [_refusal(coord, model_id, endpoint, body) for model_id in plan.candidates]
+        if all(refusals):  # every candidate passed over (the last one's error), or none
+            raise next(reversed(refusals), None) or ModelUnavailable(
+                "no candidate could serve the request")
+    except ModelBossError as exc:
+        redacted(exc)
+        raise
+
+
+async def _route(coord: Coordinator, body: dict[str, Any],
+                 ext: Extensions) -> tuple[RoutePlan, ClientProfile | None, dict[str, Any]]:
+    """The request's plan, its client's profile, and its body with its task's params."""
     settings = coord.settings
-    client_id = ext.client_id or "anonymous"
-    profile = settings.clients.get(client_id)
+    profile = settings.clients.get(ext.client_id or "anonymous")
     task_name = ext.task
     if task_name is None and not body.get("model") and not (profile and profile.default_task):
         task_name = default_task(coord)
     plan = await coord.router.resolve(
         body.get("model"), task=task_name, profile=profile,
         priority=effective_priority(settings, ext.priority, profile))
-    task = plan.task
-    if task is not None:
+    if plan.task is not None:
         # task params are defaults: the request's own values win, an explicit null does not
-        body = {**task.params, **{k: v for k, v in body.items() if v is not None}}
+        body = {**plan.task.params, **{k: v for k, v in body.items() if v is not None}}
+    return plan, profile, body
+
+
+def _refusal(coord: Coordinator, model_id: str, endpoint: str,
+             body: dict[str, Any]) -> ModelBossError | None:
+    """Why ``model_id`` cannot be given ``body`` on ``endpoint`` (a rung passed over)."""
+    found = coord.catalog.find(model_id)
+    if found is None:  # removed by a reload since the route was chosen: the next rung
+        return ModelNotFound(f"The model '{model_id}' does not exist", param="model")
+    manifest = found.manifest
+    return _wrong_kind(manifest, endpoint) or _not_turned_on(coord, manifest, endpoint) \
+        or _blind(manifest, endpoint, body) or _too_many_choices(manifest, endpoint, body)
+
+
+async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
+                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None,
+                 adapter: Adapter | None) -> Served:
+    settings = coord.settings
+    client_id = ext.client_id or "anonymous"
+    plan, profile, body = await _route(coord, body, ext)
+    task = plan.task
     budget_s = ext.budget_s if ext.budget_s is not None else (task.budget_s if task else None)
     keep_alive = ext.keep_alive_s
     if keep_alive is None and task is not None:
@@ -104,19 +140,14 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             raise BudgetExceeded(f"budget of {budget_s:g}s ran out after trying "
                                  f"{', '.join(plan.candidates[:position])}",
                                  retry_after_s=max(1.0, budget_s))
-        found = coord.catalog.find(model_id)
-        if found is None:  # removed by a reload since the route was chosen: the next rung
-            last_error = ModelNotFound(f"The model '{model_id}' does not exist",
-                                       param="model")
-            continue
-        manifest = found.manifest
-        refusal = _wrong_kind(manifest, endpoint) or _blind(manifest, endpoint, body) \
-            or _too_many_choices(manifest, endpoint, body)
+        refusal = _refusal(coord, model_id, endpoint, body)
         if refusal is not None:  # a rung that cannot give what was asked is passed over
             last_error = refusal
             continue
+        manifest = coord.catalog.get(model_id).manifest
         queued = QueuedRequest(
             model_id=model_id, client_id=client_id, endpoint=endpoint, budget_s=remaining,
+            budget_given_s=budget_s,
             priority=effective_priority(settings, ext.priority, profile, task, manifest),
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None,
@@ -175,6 +206,38 @@ def _wrong_kind(manifest: ModelManifest, endpoint: str) -> BadRequest | None:
     return BadRequest(f"'{manifest.id}' is a model of kind '{manifest.category}'; it serves "
                       f"{', '.join(endpoints) or 'nothing'}, not {endpoint}", param="model",
                       code="unsupported_endpoint")
+
+
+# what a llama.cpp model serves only when its manifest turns it on: endpoints, field, words
+_TURNED_ON = ((frozenset({"/v1/embeddings", "/embeddings", "/embedding"}), "embeddings",
+               "embeddings", Category.EMBEDDING),
+              (frozenset({"/v1/rerank", "/rerank", "/v1/reranking", "/reranking"}), "reranking",
+               "reranking", Category.RERANK))
+
+
+def _not_turned_on(coord: Coordinator, manifest: ModelManifest,
+                   endpoint: str) -> BadRequest | None:
+    """Embeddings or reranking asked of a llama.cpp model whose manifest does not turn them
+    on: a 400 that names the manifest field and the models that do serve it, before any load
+    (llama.cpp itself would say "start it with --embeddings", a flag the user never sets)."""
+    if manifest.backend != BackendKind.LLAMA_SERVER:
+        return None
+    for endpoints, field, words, category in _TURNED_ON:
+        if endpoint in endpoints and not _serves(manifest, field, category):
+            others = [e.manifest.id for e in coord.catalog
+                      if e.available and _serves(e.manifest, field, category)]
+            return BadRequest(
+                f"'{manifest.id}' does not serve {words}: set `{field}: true` in its manifest "
+                f"to turn them on" + (f"; models that do: {', '.join(others)}" if others
+                                      else "; no model here serves them"),
+                param="model", code="unsupported_endpoint")
+    return None
+
+
+def _serves(manifest: ModelManifest, field: str, category: Category) -> bool:
+    if manifest.backend == BackendKind.LLAMA_SERVER:  # only with llama.cpp's flag
+        return bool(getattr(manifest, field)) or f"--{field}" in manifest.args
+    return manifest.category == category
 
 
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})  # OpenAI, Responses, Anthropic
@@ -253,6 +316,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
                 else backend.handle_request(call.endpoint, call.body,
                                             bool(call.body.get("stream"))))
         upstream = await unless_disconnected(disconnected, work)
+        if upstream.stream is not None and call.gather is not None:  # a stream taken whole
+            upstream = await unless_disconnected(disconnected, call.gather(upstream))
     except BaseException as exc:
         ticket.release(ok=False, client_fault=_client_fault(exc))
         raise

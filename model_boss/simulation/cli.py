@@ -24,8 +24,15 @@ from .traces import jsonl_trace
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([gGmM]?)[bB]?\s*$")
 
 
+EXAMPLE = ("model-boss simulate --trace ~/.local/state/model-boss/requests.jsonl --gpus 24G "
+           "--parallel 2")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("simulate", help="replay a request log through the scheduler")
+    parser = sub.add_parser("simulate", help="replay a request log through the scheduler",
+                            description="Replay a request log through the scheduler.",
+                            epilog=f"example:\n  {EXAMPLE}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True,
                         help="request log (state_dir/requests.jsonl)")
     parser.add_argument("--gpus", required=True,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ..backends.base import InferenceBackend
+from ..backends.base import InferenceBackend, exit_story
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelBusy
 from ..gpu.lease import Lease
 from .loading import SlotLoad
@@ -207,8 +207,7 @@ class SlotOwner:
     def worker_exited(self, backend: InferenceBackend, code: int) -> None:
         """The worker died on its own. A load or stop in flight reports it itself."""
         if self.slot.backend is backend and self.slot.state in WITH_WORKER:
-            self._lose_worker(f"worker exited unexpectedly with {code}", "worker_crashed",
-                              code=code)
+            self._lose_worker(exit_story(backend, code), "worker_crashed", code=code)
 
     def lease_lost(self, lease: Lease, reason: str) -> None:
         """GPUBoss could not keep the slot's lease: stop serving from that VRAM at once."""

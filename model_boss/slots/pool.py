@@ -62,6 +62,7 @@ class ModelPool:
         self.events = events
         self.backend_factory = backend_factory
         self.slots: dict[str, ModelSlot] = {}
+        self.kept_warm: dict[str, float] = {}  # a preload entry's own keep-alive, by model
         self.owners: dict[str, SlotOwner] = {}
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
@@ -104,6 +105,8 @@ class ModelPool:
 
     def stay_warm_for(self, entry: CatalogEntry) -> float:
         manifest = entry.manifest
+        if manifest.id in self.kept_warm:
+            return self.kept_warm[manifest.id]
         if manifest.stay_warm_s is not None:
             return manifest.stay_warm_s
         return self.settings.stay_warm_for(str(manifest.category))

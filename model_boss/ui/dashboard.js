@@ -1,4 +1,6 @@
 // model-boss dashboard: plain modern JS, no build step, no libraries.
+// The page comes with the first snapshot (status, queue, config) where the caller may read it,
+// and draws every panel from it before the first paint; else from its first reads, together.
 // Live from GET /api/v1/events (read with fetch streaming, so the key can ride in a header);
 // each burst of events re-reads /api/v1/status at most a few times a second.
 
@@ -167,13 +169,46 @@ function scheduleRefresh() {
   }, wait);
 }
 
+/** Read, then draw: nothing is shown from a status whose queue and config are still on
+ *  their way, so no panel is drawn while another waits empty. */
 async function refresh() {
   const status = await api("GET", "/api/v1/status");
+  const queue = await readQueue(status);
+  const config = state.config === null ? await api("GET", "/api/v1/config") : null;
+  takeStatus(status);
+  state.queue = queue;
+  if (config !== null) {  // only when read anew: a redraw would undo edits in the form
+    state.config = config;
+    renderConfig();
+  }
+  render();
+}
+
+function takeStatus(status) {
   state.status = status;
   state.fetchedAt = Date.now() / 1000;
   state.skew = typeof status.time === "number" ? status.time - state.fetchedAt : 0;
-  state.queue = await readQueue(status);
-  if (state.config === null) await readConfig();
+}
+
+/** The first snapshot the server put in the page: only for a caller whose key the API
+ *  takes, so a page that asks for a key has none and reads the API once it has one. */
+function embeddedSnapshot() {
+  const el = document.getElementById("snapshot");
+  if (!el) return null;
+  try {
+    return JSON.parse(el.textContent);
+  } catch (err) {
+    console.debug("unreadable snapshot", err);
+    return null;
+  }
+}
+
+/** Draw every panel from the embedded snapshot, synchronously: before the first paint. */
+function renderSnapshot(snapshot) {
+  takeStatus(snapshot.status);
+  state.queue = takeQueuePage(snapshot.queue);
+  state.config = snapshot.config;
+  renderConfig();
   render();
 }
 
@@ -183,10 +218,7 @@ const QUEUE_ROWS = 100;  // the first rows of the queue shown; the summary count
 async function readQueue(status) {
   if (state.queueRoute !== false) {
     try {
-      const queue = await api("GET", `/api/v1/queue?limit=${QUEUE_ROWS}`);
-      state.queueRoute = true;
-      state.queueTotal = queue.total;
-      return queue.waiting;
+      return takeQueuePage(await api("GET", `/api/v1/queue?limit=${QUEUE_ROWS}`));
     } catch (err) {
       if (err.status !== 404 && err.status !== 405) throw err;
       state.queueRoute = false;
@@ -194,6 +226,12 @@ async function readQueue(status) {
   }
   state.queueTotal = status.queue?.depth;
   return (status.queue?.waiting || []).map((w, i) => ({...w, position: i + 1}));
+}
+
+function takeQueuePage(page) {
+  state.queueRoute = true;
+  state.queueTotal = page.total;
+  return page.waiting;
 }
 
 async function readConfig() {
@@ -349,8 +387,8 @@ function renderGpus() {
 
   const rows = s.leases.map((lease) => {
     const model = bySlot.get(lease.id);
-    return h("tr", {},
-      h("td", {}, model ? "model-boss" : lease.holder),
+    return h("tr", {"data-lease": lease.id},
+      model ? h("td", {}, "model-boss") : holderCell(lease),
       h("td", {}, lease.kind),
       h("td", {}, model ? model : (lease.note || "outside holder")),
       h("td", {}, Object.entries(lease.allocations).map(([i, mb]) => `${i}: ${fmtMB(mb)}`).join(", ")),
@@ -361,6 +399,13 @@ function renderGpus() {
     ...(rows.length ? rows : [h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No leases."))]));
 }
 
+/** The name the lease was taken with; where an HTTP caller asked from, unless the name says. */
+function holderCell(lease) {
+  const from = lease.address && lease.holder !== `http:${lease.address}`
+    ? h("span", {class: "address"}, ` from ${lease.address}`) : null;
+  return h("td", {}, lease.holder, from);
+}
+
 function gpuCard(gpu, bySlot) {
   const segments = [];
   const legend = [];
@@ -368,7 +413,7 @@ function gpuCard(gpu, bySlot) {
     const mb = lease.allocations[String(gpu.index)];
     if (!mb) continue;
     const model = bySlot.get(lease.id);
-    const who = model ? model : `${lease.kind}: ${lease.note || lease.holder}`;
+    const who = model ? model : `${lease.kind}: ${[lease.note, lease.holder].filter(Boolean).join(" · ")}`;
     const cls = model ? "slot" : "outside";
     const width = gpu.capacity_mb ? (100 * mb) / gpu.capacity_mb : 0;
     segments.push(h("span", {class: cls, style: `width:${width.toFixed(2)}%`, title: `${who} ${fmtMB(mb)}`}));
@@ -625,6 +670,8 @@ function start() {
   $("#event-type").addEventListener("change", renderEvents);
   $("#event-model").addEventListener("input", renderEvents);
   keyEvents.addEventListener("key", () => { state.config = null; scheduleRefresh(); });
+  const snapshot = embeddedSnapshot();
+  if (snapshot) renderSnapshot(snapshot);
   renderEvents();
   scheduleRefresh();
   streamEvents();

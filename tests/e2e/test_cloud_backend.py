@@ -180,6 +180,25 @@ def test_remote_dropping_mid_stream_ends_with_an_sse_error(server: ServerProcess
     assert orjson.loads(events[-2])["error"]["code"] == "upstream_unreachable"
 
 
+def test_a_chat_job_on_a_remote_counts_its_tokens_and_answers_whole(
+        server: ServerProcess) -> None:
+    """The job asks the remote for a stream (3 chunks, 300 ms apart), counts them as they
+    come, and keeps the whole answer they add up to."""
+    job = httpx.post(server.url + "/api/v1/jobs", json={
+        "endpoint": "/v1/chat/completions",
+        "body": {"model": "claude:slow", "messages": CHAT}}).json()
+    url = f"{server.url}/api/v1/jobs/{job['id']}"
+    wait_for(lambda: (lambda seen: seen["status"] == "running" and seen["progress"].get(
+        "tokens", 0) >= 1)(httpx.get(url).json()), timeout=10)
+    done = wait_for(lambda: (lambda seen: seen if seen["status"] == "succeeded" else None)(
+        httpx.get(url).json()), timeout=10)
+    result = done["result"]
+    assert result["object"] == "chat.completion" and result["model"] == "remote-x"
+    assert result["choices"][0]["message"] == {"role": "assistant",
+                                               "content": "part0 part1 part2 "}
+    assert result["usage"]["completion_tokens"] == 3 and done["progress"] == {"tokens": 3}
+
+
 def test_cloud_models_hold_no_vram_lease(server: ServerProcess, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="claude:test", messages=CHAT)
     status = server.status()

@@ -71,6 +71,63 @@ def card(page, model: str):
     return page.locator(f"article.model[data-model='{model}']")
 
 
+# Installed before the page's own scripts: what each panel holds the moment the document is
+# parsed and its scripts have run, before any timer, fetch or event could fill it.
+AT_LOAD = """document.addEventListener("DOMContentLoaded", () => {
+  const text = (selector) => document.querySelector(selector)?.innerText.trim() ?? "";
+  window.atLoad = {
+    gpus: document.querySelectorAll("#gpu-list article.gpu").length,
+    gpuSummary: text("#gpu-summary"),
+    leases: text("#lease-table tbody"),
+    queue: text("#queue-summary") + " | " + text("#queue-table tbody"),
+    config: document.querySelectorAll("#config-fields input").length,
+    models: document.querySelectorAll("#model-list article.model").length,
+  };
+});"""
+
+
+def outside_lease(server, **terms) -> dict:
+    taken = httpx.post(server.url + "/api/v1/leases", json={
+        "kind": "training", "vram_mb": 256, "gpu": 0, "ttl_s": 300, **terms})
+    taken.raise_for_status()
+    return taken.json()
+
+
+def test_first_paint_shows_every_panel(browser, server, tmp_path):
+    """No empty box at load: the page comes with the first status snapshot and draws every
+    panel from it before its first paint, not after a timer or a fetch."""
+    lease = outside_lease(server, holder="trainer-7", note="nightly eval")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(AT_LOAD)
+    try:
+        page = context.new_page()
+        page.goto(server.url + "/ui", wait_until="domcontentloaded")
+        at_load = page.evaluate("window.atLoad")
+        page.screenshot(path=str(tmp_path / "first-paint.png"))
+        assert at_load["gpus"] == 1 and "1 GPU" in at_load["gpuSummary"], at_load
+        assert "trainer-7" in at_load["leases"], at_load
+        assert "waiting" in at_load["queue"] and "Nothing waiting." in at_load["queue"], at_load
+        assert at_load["config"] >= 1 and at_load["models"] == 2, at_load
+    finally:
+        context.close()
+        httpx.delete(f"{server.url}/api/v1/leases/{lease['id']}")
+
+
+def test_outside_lease_shows_the_holder_it_was_taken_with(page, server):
+    lease = outside_lease(server, holder="trainer-7", note="nightly eval")
+    try:
+        page.goto(server.url + "/ui")
+        row = page.locator(f"#lease-table tr[data-lease='{lease['id']}']")
+        expect(row.locator("td").first).to_have_text("trainer-7 from 127.0.0.1")
+        expect(row).to_contain_text("nightly eval")
+        expect(page.locator("article.gpu[data-gpu='0'] .legend")).to_contain_text(
+            "training: nightly eval · trainer-7")
+        assert [(held["holder"], held["address"]) for held in server.status()["leases"]
+                if held["id"] == lease["id"]] == [("trainer-7", "127.0.0.1")]
+    finally:
+        httpx.delete(f"{server.url}/api/v1/leases/{lease['id']}")
+
+
 def test_page_renders_gpus_models_and_their_states(page, server):
     page.goto(server.url + "/ui")
     expect(page.locator("#live")).to_have_text("live")
@@ -264,6 +321,7 @@ def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_f
     try:
         page = context.new_page()
         assert page.goto(srv.url + "/ui").ok  # the page itself needs no key
+        expect(page.locator("#snapshot")).to_have_count(0)  # nor says anything without one
         dialog = page.locator("#key-dialog")
         expect(dialog).to_be_visible()
         page.fill("#key-input", "wrong")

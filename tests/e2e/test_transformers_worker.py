@@ -369,6 +369,28 @@ def test_an_endpoint_the_models_kind_does_not_serve_is_a_400(server, path, body,
     assert answer.json()["error"]["code"] == "unsupported_endpoint"
 
 
+@pytest.mark.parametrize("path, body, field, others", [
+    ("/v1/embeddings", {"model": "smol", "input": "hi"}, "embeddings", "embed"),
+    ("/api/embed", {"model": "smol", "input": "hi"}, "embeddings", "embed"),
+    ("/v1/rerank", {"model": "smol", "query": "q", "documents": ["a"]}, "reranking", "rerank"),
+])
+def test_a_chat_model_asked_for_embeddings_names_the_field_and_the_models_that_do(
+        server, path, body, field, others):
+    """Advice a user can follow: the manifest field, not llama.cpp's ``--embeddings`` flag,
+    and which models do serve it; refused before the chat model is loaded for it."""
+    def loads() -> int:
+        return sum(s["loads"] for s in server.status()["slots"] if s["model"] == "smol")
+
+    before = loads()
+    answer = httpx.post(server.url + path, timeout=60, json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    message = error if isinstance(error, str) else error["message"]  # Ollama's: a string
+    assert f"set `{field}: true` in its manifest" in message and "--" not in message
+    assert message.endswith(f"models that do: {others}")
+    assert loads() == before
+
+
 @pytest.mark.parametrize("body, param", [
     ({"input": ""}, "input"),
     ({"input": "hi", "speed": 9}, "speed"),

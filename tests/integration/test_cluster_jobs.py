@@ -1,6 +1,6 @@
 """JobStreams against a real Redis: a dead consumer's entry is re-claimed after its idle
-time, a job finishes once however many runs try to finish it, and a job for a model warm on
-another member is left to it."""
+time, a job finishes once however many runs try to finish it, a job for a model warm on
+another member is left to it, and the member a job is submitted to checks it first."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from model_boss.cluster.jobs import JobStreams, StreamJobManager
+from model_boss.cluster.jobs import ANY, JobStreams, StreamJobManager
 from model_boss.jobs import Job, JobStatus, RedisJobStore
+from tests.unit.fakes import coordinator, manifest, started_client
 
 pytestmark = pytest.mark.redis
 
@@ -101,3 +102,32 @@ async def test_a_job_for_a_model_warm_on_another_member_is_left_to_it(redis_url,
         for each in (cold, warm):
             await each.streams.close()
             await each.store.close()
+
+
+
+async def test_the_member_a_job_is_submitted_to_checks_it_first(tmp_path, redis_url,
+                                                                 redis_prefix):
+    """A job is checked where it is submitted, before it reaches a stream: refused with its
+    live request's error, it is on none; a good one waits on its model's stream. (The
+    member's take loop is not started: the job is only to be found there.)"""
+    coord, _ = coordinator(tmp_path, [manifest("m")])
+    streams = JobStreams(redis_url, "a", prefix=redis_prefix)
+    hi = [{"role": "user", "content": "hi"}]
+    async with started_client(coord) as client:
+        coord.jobs = StreamJobManager(
+            RedisJobStore(redis_url, prefix=redis_prefix), coord.jobs.runner, streams,
+            model_of=lambda job: job.body.get("model", ANY), models=lambda: ["m", ANY],
+            warm_here=set, warm_elsewhere=set, claim_s=60, keep_s=0.1)
+        for body, status, param in (({"model": "nope", "messages": hi}, 404, "model"),
+                                    ({"model": "m", "stream": True, "messages": hi}, 400,
+                                     "stream")):
+            refused = await client.post("/api/v1/jobs", json={
+                "endpoint": "/v1/chat/completions", "body": body})
+            assert (refused.status_code, refused.json()["error"]["param"]) == (status, param)
+        for model in ("nope", "m", ANY):
+            assert await streams._redis.xlen(streams.stream(model)) == 0
+        accepted = await client.post("/api/v1/jobs", json={
+            "endpoint": "/v1/chat/completions", "body": {"model": "m", "messages": hi}})
+        assert accepted.status_code == 202, accepted.text
+        [(_, job_id)] = await streams.take(["m"], None)
+        assert job_id == accepted.json()["id"]

@@ -20,7 +20,7 @@ from .fakes import FakeBackend, coordinator, manifest, started_client
 
 @pytest.fixture
 async def api(tmp_path):
-    coord, log = coordinator(tmp_path, [manifest("a", 1000, aliases=["alias-a"]),
+    coord, log = coordinator(tmp_path, [manifest("a", 1000, aliases=["alias-a"], embeddings=True),
                                         manifest("b", 1000)],
                              api_key="user-key", admin_api_key="admin-key")
     async with started_client(coord) as client:
@@ -384,6 +384,7 @@ def refusing(monkeypatch, error_for) -> None:
     ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
     ({"seed": "seven"}, "seed"),
     ({"stop": 5}, "stop"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
 ])
 async def test_openai_fields_a_worker_could_not_read_are_400(api, body, param):
     client, coord = api
@@ -575,3 +576,21 @@ async def test_worker_failures_cool_down_that_model_for_everyone_and_no_other(ap
     other = await client.post("/v1/chat/completions", headers=USER,
                               json={**CHAT, "model": "b"})
     assert other.is_success  # the same anonymous caller, another model
+
+
+@pytest.mark.parametrize("said, advice", [
+    ("This server does not support embeddings. Start it with `--embeddings`",
+     "This server does not support embeddings. To turn this on, set `embeddings: true` in "
+     "the model's manifest"),
+    ("This server does not support reranking. Start it with `--reranking`",
+     "To turn this on, set `reranking: true` in the model's manifest"),
+    ("tools param requires --jinja flag", "(to fix it, give the model a chat template"),
+    ("This server does not support slots action. Start it with `--slot-save-path`",
+     "its manifest's `args`"),
+])
+def test_worker_advice_names_the_manifest_field_not_the_worker_flag(said, advice):
+    from model_boss.backends.worker_errors import upstream_error
+
+    error = upstream_error("a", 501, json.dumps({"error": {"message": said}}).encode())
+    assert advice in error.message and "--" not in error.message
+    assert error.status_code == 400

@@ -100,13 +100,15 @@ async def test_inventory_round_trip(store):
 
 async def test_reassert_puts_a_lost_lease_back_under_its_own_id(store):
     kept = Lease(id=new_lease_id(), holder="host-a:1", kind="inference",
-                 allocations={0: 1_200, 1: 300}, priority=2, ttl_s=20, note="m")
+                 allocations={0: 1_200, 1: 300}, priority=2, ttl_s=20, note="m",
+                 address="10.0.0.7")
     assert await store.acquire(kept, LIMITS)
     assert await store.release(kept.id)  # the store lost it (Redis restarted)
     assert await store.reassert(kept, LIMITS)
     [back] = await store.list()
     assert (back.id, back.holder, back.kind, back.allocations, back.priority, back.ttl_s,
-            back.note) == (kept.id, "host-a:1", "inference", {0: 1_200, 1: 300}, 2, 20, "m")
+            back.note, back.address) == (kept.id, "host-a:1", "inference",
+                                         {0: 1_200, 1: 300}, 2, 20, "m", "10.0.0.7")
     assert back.expires_at == pytest.approx(kept.expires_at, abs=1e-3)
     assert kept.expires_at > time.time() + 19
     assert await store.renew(kept.id, 20) is not None

@@ -220,7 +220,12 @@ async def test_queue_listing_order_and_positions(tmp_path):
         assert all(r["model"] == "p" and r["endpoint"] == "/v1/chat/completions"
                    and r["waited_s"] >= 0 for r in rows)
         assert set(rows[0]) == {"request_id", "model", "priority", "client_id", "position",
-                                "waited_s", "endpoint"}
+                                "waited_s", "deadline_in_s", "endpoint"}
+        from model_boss.scheduling.waiting import queue_status
+
+        status_rows = queue_status(coord.queue)["waiting"]  # one shape in both places
+        assert [set(r) for r in status_rows] == [set(r) for r in rows]
+        assert [r["request_id"] for r in status_rows] == [r["request_id"] for r in rows]
         assert listed["total"] == 4 and listed["offset"] == 0
         async with httpx.AsyncClient(transport=transport, base_url="http://mb",
                                      headers={"authorization": "Bearer admin-key"}) as client:

@@ -21,7 +21,7 @@ HI = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": F
 
 @pytest.fixture
 async def api(tmp_path):
-    coord, _ = coordinator(tmp_path, [manifest("a", 1000, aliases=["a:7b"]),
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000, aliases=["a:7b"], embeddings=True),
                                       manifest("b", 1000)],
                            api_key="user-key", admin_api_key="admin-key", max_body_bytes=4096)
     app = create_app(coordinator=coord)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,3 +163,38 @@ async def test_stop_kills_children_that_ignore_sigterm_after_the_grace(tmp_path)
     assert 0.4 < time.monotonic() - started < 5
     assert live_group(worker.pid) == []
     assert group_members(worker.pid, 0) == []
+
+
+async def test_a_workers_error_lines_its_log_stamps_and_its_end_in_words(tmp_path):
+    """What a crash report keeps: the lines that read as errors (however many ordinary lines
+    came after them), a wall-clock stamp on every line of the worker's log file, and how
+    the process ended in words."""
+    from model_boss.backends.base import exit_story
+    from model_boss.backends.process import exit_words
+
+    script = ("echo '2.20.649.927 I slot launch_slot_: id 0 | processing task'; "
+              "echo 'E llama_model_load: failed to read the tensor data'; "
+              "echo 'Traceback (most recent call last):'; "
+              "for i in $(seq 60); do echo \"I ordinary line $i\"; done; exit 3")
+    exited = asyncio.Event()
+    worker = WorkerProcess("talky", ["sh", "-c", script], pid_dir=tmp_path,
+                           log_file=tmp_path / "talky.log")
+    worker.on_exit = lambda code: exited.set()
+    await worker.start()
+    await asyncio.wait_for(exited.wait(), 10)
+    await worker.stop(1)
+    assert worker.error_lines() == ["E llama_model_load: failed to read the tensor data",
+                                    "Traceback (most recent call last):"]
+    assert "ordinary" not in " ".join(worker.error_lines())
+    logged = (tmp_path / "talky.log").read_text().splitlines()
+    assert len(logged) == 63
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} "
+    assert all(re.match(stamp, line) for line in logged), logged[:2]
+    assert logged[0].endswith("I slot launch_slot_: id 0 | processing task")
+
+    assert exit_words(3) == "exit status 3"
+    assert exit_words(-9) == "killed by signal 9 (SIGKILL)"
+    story = exit_story(type("Backend", (), {"process": worker})(), 3)
+    assert story == ("worker stopped unexpectedly (exit status 3); its last error lines: "
+                     "E llama_model_load: failed to read the tensor data | "
+                     "Traceback (most recent call last):")

@@ -92,7 +92,10 @@ def test_render_ps_shows_each_slot_as_it_is():
                 **{**BASE, "tier": "disk", "leased_mb": 0}).to_dict(),
                   prompt_cache={"files": 1, "mb": 62.3, "restores": 2}),
         ],
-        "queue": {"depth": 2}, "leases": [{}, {}]}
+        "queue": {"depth": 2},
+        "leases": [{"id": f"lease-{m}", "holder": "model-boss@box:1", "kind": "inference",
+                    "allocations": {"0": mb}, "expires_at": NOW + 20} for m, mb in
+                   (("full", 300), ("half", 520))]}
     text = render_ps(status, NOW)
     rows = {line.split()[0]: line for line in text.splitlines() if line}
     assert "declared" in rows["0"]

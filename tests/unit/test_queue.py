@@ -159,7 +159,7 @@ async def test_worker_exit_returns_slot_to_idle(coord_two):
     async with asyncio.timeout(10):  # the exit is handled in a task of its own
         while slot.state != SlotState.IDLE or (await coord.boss.usage())[0].leased_mb:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-    assert "exited unexpectedly" in slot.last_error
+    assert slot.last_error == "worker stopped unexpectedly (killed by signal 9 (SIGKILL))"
     await run(coord, "a")
     assert slot.state == SlotState.READY and slot.loads == 2
 
@@ -199,3 +199,18 @@ async def test_request_log_replays_in_the_simulator(tmp_path):
     assert [(r.model, r.priority) for r in trace.requests] == [("a", 5), ("b", 1), ("a", 0)]
     assert trace.sizes == {"a": 3000, "b": 3000}
     assert simulate(trace, BASELINES[0]).cold_loads == 3
+
+
+@pytest.mark.parametrize("budget_s, given_s, words", [
+    (0.5, None, "exceeds the budget of 0.5s"),
+    (0.5, 0.5, "exceeds the budget of 0.5s"),
+    # what is left after a first rung was tried, against the budget as the client gave it
+    (0.000997787, 2.0, "exceeds the 0.00s left of the budget of 2s"),
+])
+def test_a_budget_refusal_says_the_budget_as_given(budget_s, given_s, words):
+    from model_boss.scheduling.budget import Prediction, admit
+
+    decision = admit(budget_s, Prediction(1.0, 2.0, 3.0), given_s)
+    assert not decision.admitted and decision.reason.endswith(words)
+    error = BudgetExceeded(decision.reason).envelope()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "budget_exceeded"

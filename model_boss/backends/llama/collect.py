@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 
-from ..base import upstream_error
+from ..base import UpstreamResponse, upstream_error
 from ..sse import sse_data, sse_events
 
 NATIVE = frozenset({"/completion", "/completions", "/infill"})
@@ -42,13 +42,30 @@ def as_stream(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     return streamed
 
 
-async def collect(endpoint: str, chunks: AsyncIterator[bytes], model_id: str) -> bytes:
-    """The whole answer ``chunks`` add up to. The stream is closed however this ends: a
-    cancelled collect (the caller went away) drops the worker's connection, which stops it."""
+async def gather(endpoint: str, upstream: UpstreamResponse, model_id: str,
+                 on_event: Callable[[bytes], None] | None = None) -> UpstreamResponse:
+    """A streamed answer as the whole one (:func:`collect`); a server that answered whole all
+    the same: its answer as it is."""
+    if upstream.stream is None:
+        return upstream
+    if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        return UpstreamResponse(upstream.status, upstream.headers,
+                                body=b"".join([chunk async for chunk in upstream.stream]))
+    return UpstreamResponse(upstream.status, {"content-type": "application/json"},
+                            body=await collect(endpoint, upstream.stream, model_id, on_event))
+
+
+async def collect(endpoint: str, chunks: AsyncIterator[bytes], model_id: str,
+                  on_event: Callable[[bytes], None] | None = None) -> bytes:
+    """The whole answer ``chunks`` add up to; ``on_event`` sees each event as it comes. The
+    stream is closed however this ends: a cancelled collect (the caller went away) drops the
+    worker's connection, which stops it."""
     events: list[bytes] = []
     try:
         async for whole in sse_events(chunks):
             events.append(whole)
+            if on_event is not None:
+                on_event(whole)
     finally:
         with contextlib.suppress(Exception):
             await chunks.aclose()  # type: ignore[attr-defined]

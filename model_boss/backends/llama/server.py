@@ -22,7 +22,7 @@ from ...errors import LoadFailed
 from ...gpu.placement import Placement
 from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
-from .collect import as_stream, collect, collectable
+from .collect import as_stream, collectable, gather
 from .prompt_cache import PromptCache
 from .report import server_report
 
@@ -130,14 +130,7 @@ class LlamaCppServerBackend(LlamaServerBackend):
         if stream or not collectable(endpoint, body):
             return await super().handle_request(endpoint, body, stream)
         upstream = await super().handle_request(endpoint, as_stream(endpoint, body), True)
-        if upstream.stream is None:
-            return upstream
-        if not upstream.headers.get("content-type", "").startswith("text/event-stream"):
-            # a server that answered whole all the same: its answer as it is
-            return UpstreamResponse(upstream.status, upstream.headers,
-                                    body=b"".join([chunk async for chunk in upstream.stream]))
-        return UpstreamResponse(upstream.status, {"content-type": "application/json"},
-                                body=await collect(endpoint, upstream.stream, self.manifest.id))
+        return await gather(endpoint, upstream, self.manifest.id)
     # llama.cpp's server says when it starts on the weights and when they are in (the
     # threadpool comes up right before its warm-up run); its /health says only "Loading
     # model" until the end, so no fraction
