@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return _call("PUT", args, "/api/v1/config", body)
     if args.action == "acquire":
         body = {"vram_mb": args.vram_mb, "gpu": args.gpu, "kind": args.kind,
-                "ttl_s": args.ttl_s}
+                "ttl_s": args.ttl_s, "holder": args.holder, "note": args.note}
         return _call("POST", args, "/api/v1/leases", {k: v for k, v in body.items()
                                                       if v is not None})
     if args.action == "release":

@@ -44,7 +44,8 @@ EXAMPLES = {
     "rm": "model-boss rm qwen2.5-0.5b-instruct-q4_k_m",
     "reload": "model-boss reload",
     "config": "model-boss config allowCloudFallback=false",
-    "leases": "model-boss leases acquire --vram-mb 8000 --kind training --ttl-s 600",
+    "leases": "model-boss leases acquire --vram-mb 8000 --kind training --ttl-s 600 "
+              "--holder trainer-7",
 }
 
 
@@ -101,6 +102,8 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     leases.add_argument("--gpu", type=int)
     leases.add_argument("--kind", default="external")
     leases.add_argument("--ttl-s", type=float)
+    leases.add_argument("--holder", help="who holds it (listed by ps and the dashboard)")
+    leases.add_argument("--note", help="what it is for")
     leases.add_argument("--id", help="the lease to release (`model-boss ps` lists them)")
     simulate_cli.add_parser(sub)
     return parser

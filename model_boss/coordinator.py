@@ -78,8 +78,9 @@ class Coordinator:
         self.pulls = Pulls(settings, self.catalog, self.pool, self.events, self.reload)
         for position, preload in enumerate(settings.preload):
             if preload.model not in self.catalog:
+                known = ", ".join(sorted(e.manifest.id for e in self.catalog)) or "none"
                 raise ConfigError(f"settings: preload.{position}: unknown model "
-                                  f"'{preload.model}'")
+                                  f"'{preload.model}' (models: {known})")
         self.image_files = ImageFiles(settings.state_path / "images")
         self.base_url = f"http://{settings.host}:{settings.port}"
         job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)

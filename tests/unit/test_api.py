@@ -594,3 +594,15 @@ def test_worker_advice_names_the_manifest_field_not_the_worker_flag(said, advice
     error = upstream_error("a", 501, json.dumps({"error": {"message": said}}).encode())
     assert advice in error.message and "--" not in error.message
     assert error.status_code == 400
+
+
+async def test_a_json_body_sent_as_curls_form_type_is_read_as_json(api):
+    """``curl -d '{...}'`` without ``-H content-type``: llama.cpp's server reads it as JSON,
+    and so does model-boss; a form that is no JSON stays refused."""
+    client, _ = api
+    form = {"content-type": "application/x-www-form-urlencoded", **USER}
+    answer = await client.post("/v1/chat/completions", headers=form,
+                               content=json.dumps(CHAT).encode())
+    assert answer.status_code == 200, answer.text
+    refused = await client.post("/v1/chat/completions", headers=form, content=b"model=a")
+    assert refused.status_code == 400

@@ -156,3 +156,19 @@ def test_the_top_level_help_shows_examples_and_the_environment(capsys):
                 if line.startswith("  model-boss ")]) >= 3
     for name in ("MODEL_BOSS_URL", "MODEL_BOSS_PORT", "MODEL_BOSS_ADMIN_API_KEY"):
         assert name in out.split("environment:")[1]
+
+
+def test_leases_acquire_sends_its_holder_and_note(monkeypatch, capsys):
+    sent = []
+
+    def request(method, url, json=None, **_kw):
+        sent.append((method, url, json))
+        return httpx.Response(201, json={"id": "lease-1"})
+
+    monkeypatch.setattr(httpx, "request", request)
+    assert main(["--url", "http://mb", "leases", "acquire", "--vram-mb", "3000",
+                 "--kind", "training", "--holder", "trainer-7", "--note", "nightly"]) == 0
+    assert sent == [("POST", "http://mb/api/v1/leases",
+                     {"vram_mb": 3000, "kind": "training", "holder": "trainer-7",
+                      "note": "nightly"})]
+    assert '"lease-1"' in capsys.readouterr().out

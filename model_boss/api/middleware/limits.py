@@ -16,6 +16,7 @@ from ..errors import error_response
 
 MAX_JSON_DEPTH = 100  # far beyond any OpenAI body; well inside every (de)serialiser's limit
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+_FORM = "application/x-www-form-urlencoded"
 _LONG_NUMBER = re.compile(rb"\d{19,}")  # where an integer beyond 64 bits can hide
 _INT_RANGE = range(-(2**63), 2**64)  # what orjson can write back out (int64 and uint64)
 
@@ -56,6 +57,14 @@ class BodyLimit:
                 break
         raw = b"".join(chunks)
         content_type = headers.get("content-type", "")
+        if content_type.startswith(_FORM) and raw.lstrip()[:1] in (b"{", b"[") \
+                and scope["path"] not in self.upload_paths:
+            # curl -d '{...}' without -H: curl's form type on a JSON body; read it as JSON,
+            # as llama.cpp's own server does
+            content_type = "application/json"
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                          if k.lower() != b"content-type"]
+                     + [(b"content-type", b"application/json")]}
         problem = json_problem(raw) if raw and (not content_type or "json" in content_type) \
             else None
         if problem is not None:
