@@ -341,7 +341,9 @@ def test_what_the_worker_refuses_is_a_clean_400(client):
 def test_embeddings_of_a_chat_only_model_are_a_clean_400(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.embeddings.create(model="smol", input="a cat")
-    assert refused.value.body["code"] == "unsupported_request"
+    # refused before any load, with advice a user can follow: the manifest field
+    assert refused.value.body["code"] == "unsupported_endpoint"
+    assert "set `embeddings: true` in its manifest" in refused.value.body["message"]
     assert_clean(refused.value.body["message"])
 
 
