@@ -20,6 +20,7 @@ from .errors import ConfigError, ModelBossError
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
+from .history import History, RequestRing
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
@@ -67,7 +68,13 @@ class Coordinator:
                               backend_factory=backend_factory)
         self.boss.on_lease_lost = self.pool.lease_lost
         self.queue = InferenceQueue(self.pool, settings, self.events)
-        self.queue.on_granted = self.metrics.observe_wait
+        self.history = History(self.boss, self.pool, self.queue, settings.history_step_s)
+        self.queue.on_granted = self._granted
+        self.events.listen(self.history.on_event)
+        # the request log also keeps its last rows in memory (GET /api/v1/requests)
+        self.requests = RequestRing(self.queue.request_log.path)
+        self.requests.listeners.append(self.history.finished)
+        self.queue.request_log = self.requests
         self.tasks = TaskRegistry.load(settings.tasks_file, self.catalog)
         self.runtime = RuntimeConfig(
             RuntimeValues(allow_cloud_fallback=settings.allow_cloud_fallback),
@@ -102,6 +109,10 @@ class Coordinator:
                                    result_ttl_s=settings.job_result_ttl_s,
                                    max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
+
+    def _granted(self, priority: int, waited_s: float) -> None:
+        self.metrics.observe_wait(priority, waited_s)
+        self.history.granted(priority, waited_s)
 
     async def _job_work(self, job: Job, dispatched: Dispatched, report: Reported) -> Answer:
         if self.job_work is None:
@@ -145,6 +156,7 @@ class Coordinator:
             asyncio.create_task(self.queue.run(), name="queue"),
             asyncio.create_task(self.pool.reaper(), name="reaper"),
             asyncio.create_task(self.pool.health_monitor(), name="health"),
+            asyncio.create_task(self.history.run(), name="history"),
         ]
         self._loops.append(asyncio.create_task(asyncio.to_thread(self._read_metadata),
                                                name="metadata"))

@@ -163,6 +163,7 @@ class Settings(BaseSettings):
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True
+    history_step_s: float = Field(default=5.0, ge=1, le=600)  # dashboard timeline step
     log_level: str = "INFO"
 
     @field_validator("preload", mode="before")

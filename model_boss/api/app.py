@@ -11,7 +11,7 @@ from ..coordinator import Coordinator
 from ..services import run_job
 from ..services.media.audio import UPLOAD_PATHS
 from ..settings import Settings, load_settings
-from . import admin, anthropic, dashboard, jobs, leases, llamacpp, ollama, openai, pulls
+from . import admin, anthropic, dashboard, history, jobs, leases, llamacpp, ollama, openai, pulls
 from .errors import install_error_handlers
 from .middleware import (
     AuthAndMetrics,
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
-    for module in (openai, anthropic, llamacpp, ollama, admin, pulls, jobs, leases,
+    for module in (openai, anthropic, llamacpp, ollama, admin, history, pulls, jobs, leases,
                    dashboard):
         app.include_router(module.router)
     return app

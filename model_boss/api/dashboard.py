@@ -29,6 +29,7 @@ router = APIRouter(tags=["dashboard"], include_in_schema=False)
 FILES = {
     "index.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "timeline.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 # The page must not be framed or load anything from elsewhere.

@@ -125,6 +125,7 @@ class SlotTicket:
         self.slot = slot
         self.started = time.monotonic()
         self.waited_s = round(time.time() - request.submitted_at, 4)
+        self.tokens: int | None = None  # generated, as the answer reports them
         self._released = False
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:

@@ -23,7 +23,9 @@ class RequestLog:
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
-              load_s: float | None = None) -> None:
+              load_s: float | None = None, tokens: int | None = None) -> None:
+        """``tokens`` (generated, when the answer said) is for :class:`RequestRing`'s rows;
+        the trace line keeps its format."""
         if self.path is None:
             return
         try:

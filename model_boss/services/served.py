@@ -4,6 +4,7 @@ forwarding to a member share it without importing each other."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +30,17 @@ class Served:
     media_type: str
     body: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
+
+
+# what a whole answer says it generated: OpenAI's usage.completion_tokens, Anthropic's
+# usage.output_tokens (read without parsing a body that may be large)
+_GENERATED = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+
+
+def tokens_in(body: bytes | None) -> int | None:
+    """The tokens a whole answer says it generated; None when it says nothing."""
+    found = _GENERATED.findall(body or b"")
+    return int(found[-1]) if found else None
 
 
 def sse_error(exc: Exception) -> bytes:

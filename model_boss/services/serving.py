@@ -44,6 +44,7 @@ from .served import (
     StreamEnd,
     WorkerCall,
     openai_stream_end,
+    tokens_in,
 )
 
 if TYPE_CHECKING:
@@ -322,6 +323,7 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         ticket.release(ok=False, client_fault=_client_fault(exc))
         raise
     if upstream.stream is None:
+        ticket.tokens = tokens_in(upstream.body) if 200 <= upstream.status < 300 else None
         ticket.release(ok=True)
         answer = upstream.body or b""
         if call.answer is not None and 200 <= upstream.status < 300:

@@ -4,6 +4,8 @@
 // Live from GET /api/v1/events (read with fetch streaming, so the key can ride in a header);
 // each burst of events re-reads /api/v1/status at most a few times a second.
 
+import {startTimePanels} from "/ui/timeline.js";
+
 const KEY_STORE = "model-boss-admin-key";    // sessionStorage: this tab only
 const THEME_STORE = "model-boss-theme";      // localStorage: not a secret
 const MAX_EVENTS = 300;
@@ -17,6 +19,7 @@ const state = {
   events: [], eventTypes: new Set(), progress: new Map(), busy: new Set(), lastSeq: 0,
 };
 const keyEvents = new EventTarget();
+let timePanels = null;  // the Timeline and Requests panels (timeline.js)
 
 // ---------------------------------------------------------------- small helpers
 
@@ -257,6 +260,7 @@ function onEvent(event) {
   }
   scheduleEventRender();
   scheduleRefresh();
+  timePanels?.onEvent();
 }
 
 let eventRenderQueued = false;
@@ -674,6 +678,7 @@ function start() {
   if (snapshot) renderSnapshot(snapshot);
   renderEvents();
   scheduleRefresh();
+  timePanels = startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $});
   streamEvents();
   setInterval(tick, 1000);
   setInterval(scheduleRefresh, BACKSTOP_MS);

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import threading
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -351,3 +353,201 @@ def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_f
     finally:
         context.close()
         srv.stop()
+
+
+# ---------------------------------------------------------------- the panels that show time
+# GET /api/v1/history and /api/v1/requests are stubbed with page.route: these tests are about
+# what the page draws from answers of that shape, not about how the server keeps them.
+
+HISTORY_T = [1_800_000_000 + 5 * i for i in range(10)]
+
+
+def history_answer(marks: list[dict] | None = None) -> dict:
+    held = {"model:smol-a": [0, 0, 900, 900, 900, 0, 0, 0, 0, 0],  # as the server names them
+            "model:smol-b": [0, 0, 0, 0, 0, 0, 1200, 1200, 1200, 1200],
+            "lease:trainer-7": [256] * 10}
+    used = [sum(series[i] for series in held.values()) for i in range(10)]
+    return {
+        "step_s": 5, "now": HISTORY_T[-1], "t": HISTORY_T,
+        "gpus": {"0": {"name": "sim-8g", "capacity_mb": 8192, "held": held,
+                       "free_mb": [7680 - mb for mb in used]}},
+        "queue": {"depth": {"0": [0, 1, 2, 0, 0, 0, 1, 0, 0, 0], "3": [0] * 9 + [1]},
+                  "wait_s": {"0": [None, 0.5, 1.0] + [None] * 7, "3": [None] * 10}},
+        "models": {"smol-a": {"requests_per_s": [0, 0, 0.2, 0.4, 0, 0, 0, 0, 0, 0],
+                              "tokens_per_s": [0, 0, 8, 16, 0, 0, 0, 0, 0, 0]},
+                   "smol-b": {"requests_per_s": [0] * 6 + [0.2] * 4,
+                              "tokens_per_s": [0] * 6 + [12, 14, None, 10]}},
+        "cpu_tier_mb": [0] * 10,
+        # not in time order: the page sorts them
+        "marks": marks if marks is not None else [
+            {"t": HISTORY_T[5], "type": "evict", "model": "smol-a", "gpu": 0,
+             "reason": "smol-b needed the room"},
+            {"t": HISTORY_T[2], "type": "load", "model": "smol-a", "gpu": 0, "reason": None},
+            {"t": HISTORY_T[6], "type": "load", "model": "smol-b", "gpu": 0, "reason": None}],
+    }
+
+
+REQUESTS = [
+    {"t": HISTORY_T[8], "model": "smol-b", "client_id": "notebook", "priority": 0,
+     "queue_wait_s": 0.1, "load_wait_s": 3.2, "duration_s": 1.5, "tokens": 40, "status": "ok",
+     "task": "chat", "rung": "q4"},
+    {"t": HISTORY_T[3], "model": "smol-a", "client_id": "ci", "priority": 3,
+     "queue_wait_s": 0.0, "load_wait_s": 0.0, "duration_s": 0.7, "tokens": 12, "status": "ok",
+     "task": "chat", "rung": None},
+    {"t": HISTORY_T[2], "model": "smol-a", "client_id": "notebook", "priority": 0,
+     "queue_wait_s": 2.0, "load_wait_s": 4.1, "duration_s": 0.9, "tokens": 0,
+     "status": "error", "task": "chat", "rung": None},
+]
+REQUESTS_ROUTE = re.compile(r"/api/v1/requests(\?|$)")
+
+
+def stub_time_routes(page, history: dict | None, requests: list[dict] | None) -> list[str]:
+    """Answer the two reads from fixed JSON (None: 404, as a server without them); returns
+    the request URLs the page asked for, as they come."""
+    asked: list[str] = []
+    missing = json.dumps({"error": {"message": "no such route", "type": "not_found",
+                                    "param": None, "code": "not_found"}})
+
+    def history_route(route):
+        if history is None:
+            route.fulfill(status=404, content_type="application/json", body=missing)
+        else:
+            route.fulfill(status=200, content_type="application/json", json=history)
+
+    def requests_route(route):
+        asked.append(route.request.url)
+        if requests is None:
+            route.fulfill(status=404, content_type="application/json", body=missing)
+            return
+        query = parse_qs(urlsplit(route.request.url).query)
+        model = query.get("model", [""])[0]
+        rows = [r for r in requests if not model or r["model"] == model]
+        route.fulfill(status=200, content_type="application/json", json={"requests": rows})
+
+    page.route("**/api/v1/history", history_route)
+    page.route(REQUESTS_ROUTE, requests_route)
+    return asked
+
+
+MARKS = """() => [...document.querySelectorAll("#timeline-charts .mark")].map(
+  (m) => [m.dataset.type, m.dataset.model, Number(m.dataset.t), Number(m.getAttribute("x1"))])"""
+
+
+def test_timeline_draws_vram_by_holder_marks_in_order_and_live(page, server):
+    history = history_answer()
+    stub_time_routes(page, history, REQUESTS)
+    # no events reach this page: the redraw below comes from its own re-read every 5 s
+    page.route("**/api/v1/events*", lambda route: route.fulfill(
+        status=200, content_type="text/event-stream", body=": quiet\n\n"))
+    page.goto(server.url + "/ui")
+    gpu = page.locator("#timeline-charts figure[data-gpu='0']")
+    areas = gpu.locator("path.area")
+    expect(areas).to_have_count(4)
+    assert [areas.nth(i).get_attribute("data-holder") for i in range(4)] == [
+        "model:smol-a", "model:smol-b", "lease:trainer-7", "free"]  # free on top
+    expect(gpu.locator("path.area.outside")).to_have_attribute("data-holder", "lease:trainer-7")
+    expect(gpu.locator("path.area.model")).to_have_count(2)
+    fills = {areas.nth(i).evaluate("el => getComputedStyle(el).fill") for i in range(4)}
+    assert len(fills) == 4, fills  # each holder its own colour
+
+    marks = page.evaluate(MARKS)
+    assert [(kind, model, t) for kind, model, t, _ in marks] == [
+        ("load", "smol-a", HISTORY_T[2]), ("evict", "smol-a", HISTORY_T[5]),
+        ("load", "smol-b", HISTORY_T[6])]
+    assert [x for *_, x in marks] == sorted(x for *_, x in marks) and marks[0][3] < marks[2][3]
+    expect(gpu.locator(".mark[data-type='evict'] title")).to_contain_text(
+        "evict · smol-a · smol-b needed the room")
+    for chart in ("queue", "tokens"):  # two priorities, two models
+        expect(page.locator(f"#timeline-charts figure[data-chart='{chart}'] path.series")
+               ).to_have_count(2)
+    expect(page.locator("#timeline-summary")).to_contain_text("3 marks")
+
+    # live: the panel re-reads the history on its own and draws what is new
+    history["marks"].append({"t": HISTORY_T[9], "type": "crash", "model": "smol-b", "gpu": 0,
+                             "reason": "exit 139"})
+    expect(gpu.locator(".mark")).to_have_count(4, timeout=15_000)
+    assert page.evaluate(MARKS)[-1][:2] == ["crash", "smol-b"]
+
+
+def test_timeline_caps_the_points_it_draws(page, server):
+    n = 3000
+    t = [1_800_000_000 + 5 * i for i in range(n)]
+    history = {**history_answer(marks=[]), "t": t,
+               "gpus": {"0": {"name": "sim-8g", "capacity_mb": 8192,
+                              "held": {"model:smol-a": [i % 2000 for i in range(n)]},
+                              "free_mb": [7680 - i % 2000 for i in range(n)]}},
+               "queue": {"depth": {"0": [i % 7 for i in range(n)]}, "wait_s": {}},
+               "models": {"smol-a": {"requests_per_s": [1] * n, "tokens_per_s": [5] * n}}}
+    stub_time_routes(page, history, REQUESTS)
+    page.goto(server.url + "/ui")
+    area = page.locator("#timeline-charts figure[data-gpu='0'] path.area").first
+    expect(area).to_have_attribute("data-holder", "model:smol-a")
+    points = area.get_attribute("d").count("L") + 1
+    assert 2 * 100 < points <= 2 * 720, points  # top and bottom edge, each at most 720
+    line = page.locator("#timeline-charts figure[data-chart='queue'] path.series")
+    assert line.get_attribute("d").count("L") + 1 <= 720
+
+
+def test_requests_panel_lists_rows_and_filters_by_model(page, server):
+    asked = stub_time_routes(page, history_answer(), REQUESTS)
+    page.goto(server.url + "/ui")
+    rows = page.locator("#request-table tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.first).to_contain_text("smol-b")  # newest first, as the server answers
+    expect(rows.first).to_contain_text("notebook")
+    expect(rows.first).to_contain_text("3.20 s")
+    expect(rows.nth(2)).to_have_attribute("data-status", "error")
+    page.fill("#request-model", "smol-a")
+    expect(rows).to_have_count(2)
+    assert all(row.get_attribute("data-model") == "smol-a" for row in rows.all())
+    # the filter is also asked of the server, whose log may be longer than the rows shown
+    for _ in range(50):
+        if any(parse_qs(urlsplit(url).query).get("model") == ["smol-a"] for url in asked):
+            break
+        page.wait_for_timeout(100)
+    else:
+        pytest.fail(f"the model filter never reached the server: {asked}")
+    page.fill("#request-model", "")
+    page.fill("#request-client", "ci")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("smol-a")
+
+
+def test_servers_without_history_say_so_and_the_rest_still_works(page, server):
+    stub_time_routes(page, None, None)
+    page.goto(server.url + "/ui")
+    expect(page.locator("#timeline-summary")).to_have_text("no history on this server")
+    expect(page.locator("#requests-summary")).to_have_text("no request log on this server")
+    expect(page.locator("#timeline-charts svg")).to_have_count(0)
+    expect(page.locator("#live")).to_have_text("live")
+    gpu = page.locator("article.gpu[data-gpu='0']")
+    expect(gpu.locator("h3")).to_have_text("GPU 0 · sim-8g")
+    expect(gpu.locator(".legend")).to_contain_text("free")
+    expect(card(page, "smol-a").locator(".badge.state")).to_have_text("idle")
+
+
+# Stops the page's every-5-s timers, so what redraws it can only be the events stream.
+NO_BACKSTOP = """const every = window.setInterval;
+window.setInterval = (fn, ms, ...args) => (ms === 5000 ? 0 : every(fn, ms, ...args));"""
+
+
+def test_timeline_rereads_on_the_events_stream(browser, server):
+    context = browser.new_context()
+    context.add_init_script(NO_BACKSTOP)
+    try:
+        page = context.new_page()
+        history = history_answer()
+        stub_time_routes(page, history, REQUESTS)
+        page.goto(server.url + "/ui")
+        expect(page.locator("#live")).to_have_text("live")
+        marks = page.locator("#timeline-charts figure[data-gpu='0'] .mark")
+        expect(marks).to_have_count(3)
+        page.wait_for_timeout(1500)  # past the replayed events' read
+        history["marks"].append({"t": HISTORY_T[9], "type": "offload", "model": "smol-b",
+                                 "gpu": 0, "reason": "idle"})
+        httpx.post(server.url + "/api/v1/models/smol-a/pin").raise_for_status()  # an event
+        expect(marks).to_have_count(4)
+        expect(marks.last).to_have_attribute("data-type", "offload")
+    finally:
+        context.close()
+        httpx.post(server.url + "/api/v1/models/smol-a/unpin").raise_for_status()

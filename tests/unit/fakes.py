@@ -25,9 +25,10 @@ class FakeBackend:
 
     def __init__(self, entry, settings, log: list, load_s: float = 0.0,
                  fail: Exception | None = None, gate: asyncio.Event | None = None,
-                 streams: bool = False) -> None:
+                 streams: bool = False, tokens: int | None = None) -> None:
         self.entry = entry
         self.streams = streams  # answer ``stream: true`` with a stream (else a whole body)
+        self.tokens = tokens  # a whole answer says it generated this many (usage)
         self.log = log
         self.load_s = load_s
         self.fail = fail
@@ -60,8 +61,10 @@ class FakeBackend:
         if stream and self.streams:
             return UpstreamResponse(200, {"content-type": "text/event-stream"},
                                     stream=self._chunks(body.get("tag")))
+        usage = (b'' if self.tokens is None
+                 else b', "usage": {"completion_tokens": %d}' % self.tokens)
         return UpstreamResponse(200, {"content-type": "application/json"},
-                                body=b'{"ok": true}')
+                                body=b'{"ok": true%s}' % usage)
 
     async def _chunks(self, tag: Any) -> AsyncIterator[bytes]:
         try:
