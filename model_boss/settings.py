@@ -163,6 +163,10 @@ class Settings(BaseSettings):
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True
+    # prompt text in the last requests' rows (/api/v1/requests, admin): off unless turned on,
+    # and cut to this many characters
+    capture_prompts: bool = False
+    capture_prompt_chars: int = Field(default=500, ge=1, le=20000)
     history_step_s: float = Field(default=5.0, ge=1, le=600)  # dashboard timeline step
     log_level: str = "INFO"
 

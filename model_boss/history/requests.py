@@ -24,17 +24,23 @@ class RequestRing(RequestLog):
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
-              load_s: float | None = None, tokens: int | None = None) -> None:
+              load_s: float | None = None, tokens: int | None = None,
+              extra: dict | None = None) -> None:
         super().write(model=model, priority=priority, duration=duration, size_mb=size_mb,
                       client_id=client_id, ok=ok, submitted_at=submitted_at, load_s=load_s)
+        extra = extra or {}
         now = time.time()
         # from arrival to the grant: the wait in the queue, a load it waited for included
         waited = None if submitted_at is None else max(0.0, now - duration - submitted_at)
         row: Row = {"t": round(now, 3), "model": model, "client_id": client_id,
                     "priority": priority,
                     "queue_wait_s": None if waited is None else round(waited, 4),
-                    "load_wait_s": None, "duration_s": round(duration, 4), "tokens": tokens,
-                    "status": "ok" if ok else "failed", "task": None, "rung": None}
+                    "load_wait_s": extra.get("load_wait_s"), "duration_s": round(duration, 4),
+                    "tokens": tokens, "status": "ok" if ok else "failed",
+                    "task": extra.get("task"), "rung": extra.get("rung"),
+                    "endpoint": extra.get("endpoint")}
+        if extra.get("prompt") is not None:  # captured: the setting is on
+            row["prompt"] = extra["prompt"]
         self._rows.append(row)
         for listener in self.listeners:
             listener(row)

@@ -248,11 +248,8 @@ class InferenceQueue:
         duration = time.monotonic() - ticket.started
         if ok:
             self.pool.learned.observe_inference(slot.model_id, duration)
-        self.request_log.write(model=slot.model_id, priority=request.priority, ok=ok,
-                               duration=duration, client_id=request.client_id,
-                               size_mb=slot.estimate.mb if slot.estimate else 0,
-                               submitted_at=request.submitted_at, tokens=ticket.tokens,
-                               load_s=self.pool.learned.get(slot.model_id).load_s)
+        self.request_log.finished(ticket, ok, duration,
+                                  self.pool.learned.get(slot.model_id).load_s)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,

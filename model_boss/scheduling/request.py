@@ -36,6 +36,9 @@ class QueuedRequest:
     submitted_at: float = field(default_factory=time.time)
     deadline: float = 0.0
     request_id: str = field(default_factory=lambda: "req-" + uuid.uuid4().hex[:16])
+    task: str | None = None  # the task it came for, and which rung of its ladder this is
+    rung: int | None = None
+    prompt: str | None = None  # its text, only when the request log captures prompts
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
@@ -124,7 +127,12 @@ class SlotTicket:
         self.request = request
         self.slot = slot
         self.started = time.monotonic()
-        self.waited_s = round(time.time() - request.submitted_at, 4)
+        now = time.time()
+        self.waited_s = round(now - request.submitted_at, 4)
+        # of that wait, the part its model spent loading (a load that ended after it came)
+        loaded_at = slot.loaded_at or 0.0
+        self.load_wait_s = round(min(now, loaded_at) - request.submitted_at, 4) \
+            if loaded_at > request.submitted_at else 0.0
         self.tokens: int | None = None  # generated, as the answer reports them
         self._released = False
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from .request import SlotTicket
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +25,24 @@ class RequestLog:
         self.path = path
         self._handle = None
 
+    def finished(self, ticket: SlotTicket, ok: bool, duration: float,
+                 load_s: float | None) -> None:
+        """Write the request ``ticket`` was granted for, finished after ``duration`` s."""
+        request, slot = ticket.request, ticket.slot
+        self.write(model=slot.model_id, priority=request.priority, ok=ok, duration=duration,
+                   client_id=request.client_id, size_mb=slot.estimate.mb if slot.estimate else 0,
+                   submitted_at=request.submitted_at, load_s=load_s, tokens=ticket.tokens,
+                   extra={"load_wait_s": ticket.load_wait_s, "task": request.task,
+                          "rung": request.rung, "endpoint": request.endpoint or None,
+                          "prompt": request.prompt})
+
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
-              load_s: float | None = None, tokens: int | None = None) -> None:
-        """``tokens`` (generated, when the answer said) is for :class:`RequestRing`'s rows;
-        the trace line keeps its format."""
+              load_s: float | None = None, tokens: int | None = None,
+              extra: dict | None = None) -> None:
+        """``tokens`` (generated, when the answer said) and ``extra`` (the load wait, task,
+        rung, endpoint and a captured prompt) are for :class:`RequestRing`'s rows; the trace
+        line keeps its format."""
         if self.path is None:
             return
         try:
@@ -44,3 +61,19 @@ class RequestLog:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def prompt_text(body: dict, capture: bool, limit: int) -> str | None:
+    """The text a request asked with, for the request log when ``capture`` is on (else None):
+    the last message's text (a chat, a message), else its prompt, input or query, cut to
+    ``limit`` characters."""
+    if not capture:
+        return None
+    messages = body.get("messages")
+    found = messages[-1].get("content") if isinstance(messages, list) and messages \
+        and isinstance(messages[-1], dict) else None
+    if found is None:
+        found = next((body[k] for k in ("prompt", "input", "query") if body.get(k)), None)
+    if isinstance(found, list):  # content parts, or a batch of inputs
+        found = " ".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in found)
+    return None if found is None else str(found)[:limit]

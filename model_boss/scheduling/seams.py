@@ -26,6 +26,7 @@ class SlotReading(Protocol):
     parallel: int
     estimate: VramEstimate | None
     backend: Any  # the worker a granted request is sent to
+    loaded_at: float | None  # when it last became READY from a load or an onload
 
     @property
     def model_id(self) -> str: ...

@@ -4,16 +4,24 @@ forwarding to a member share it without importing each other."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from ..backends.base import UpstreamResponse
 from ..errors import ModelBossError
 from .redact import redacted
+
+if TYPE_CHECKING:
+    from ..scheduling.request import SlotTicket
+
+log = logging.getLogger(__name__)
 
 MODEL_HEADER = "x-model-boss-model"
 WAIT_HEADER = "x-model-boss-queue-wait-s"
@@ -32,9 +40,11 @@ class Served:
     chunks: AsyncIterator[bytes] | None = None
 
 
-# what a whole answer says it generated: OpenAI's usage.completion_tokens, Anthropic's
-# usage.output_tokens (read without parsing a body that may be large)
-_GENERATED = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+# what an answer says it generated: OpenAI's usage.completion_tokens, Anthropic's
+# usage.output_tokens, llama.cpp's timings.predicted_n and tokens_predicted, Ollama's
+# eval_count (read without parsing a body that may be large; in a stream, the last one said)
+_GENERATED = re.compile(
+    rb'"(?:completion_tokens|output_tokens|predicted_n|tokens_predicted|eval_count)"\s*:\s*(\d+)')
 
 
 def tokens_in(body: bytes | None) -> int | None:
@@ -78,3 +88,42 @@ class Adapter(Protocol):
              body: dict[str, Any]) -> WorkerCall: ...
 
     def stream_end(self, exc: Exception) -> bytes: ...
+
+
+async def discard(chunks: AsyncIterator[bytes]) -> None:
+    """Close a stream nobody reads. A generator's clean-up runs only once it has started,
+    so it is started first."""
+    with contextlib.suppress(BaseException):
+        await chunks.__anext__()
+    with contextlib.suppress(BaseException):
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
+                end: StreamEnd = openai_stream_end) -> AsyncIterator[bytes]:
+    """Pass chunks through untouched; a failure mid-stream ends the stream with ``end`` (an
+    SSE error + [DONE] in OpenAI's protocol). A client that goes away mid-stream is no
+    failure of the model."""
+    ok = gone = False
+    try:
+        async for chunk in chunks:
+            said = _GENERATED.findall(chunk) if isinstance(chunk, bytes) else None
+            if said:  # the last figure a stream gives is its whole count
+                ticket.tokens = int(said[-1])
+            yield chunk
+        ok = True
+    except (GeneratorExit, asyncio.CancelledError):
+        gone = True
+        raise
+    except Exception as exc:
+        if isinstance(exc, ModelBossError):
+            log.warning("stream from %s failed: %s", model_id, exc.message)
+        else:
+            log.exception("stream from %s failed", model_id)
+        yield end(exc)
+    finally:
+        try:
+            with contextlib.suppress(Exception):
+                await chunks.aclose()  # type: ignore[attr-defined]
+        finally:  # even when the close itself is cancelled
+            ticket.release(ok=ok, client_fault=gone)

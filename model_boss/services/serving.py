@@ -10,7 +10,6 @@ budget, and a ``fallback`` event is logged. Every answer names the model that se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import weakref
@@ -31,6 +30,7 @@ from ..errors import (
 )
 from ..jobs.runner import Dispatched
 from ..scheduling.queue import QueuedRequest, SlotTicket
+from ..scheduling.request_log import prompt_text
 from .cancel import unless_disconnected
 from .clustered import serve_clustered
 from .extensions import Extensions
@@ -41,9 +41,10 @@ from .served import (
     WAIT_HEADER,
     Adapter,
     Served,
-    StreamEnd,
     WorkerCall,
+    discard,
     openai_stream_end,
+    relay,
     tokens_in,
 )
 
@@ -153,7 +154,8 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
-            share=_share(profile, task))
+            share=_share(profile, task), task=task and task.name, rung=task and position,
+            prompt=prompt_text(body, settings.capture_prompts, settings.capture_prompt_chars))
         if ext.request_id:  # a job, or a stream that follows its place in the queue
             queued.request_id = ext.request_id
         try:
@@ -354,43 +356,7 @@ def _never_started(coord: Coordinator, chunks: AsyncIterator[bytes],
         ticket.release(ok=False, client_fault=True)
 
 
-async def discard(chunks: AsyncIterator[bytes]) -> None:
-    """Close a stream nobody reads. A generator's clean-up runs only once it has started,
-    so it is started first."""
-    with contextlib.suppress(BaseException):
-        await chunks.__anext__()
-    with contextlib.suppress(BaseException):
-        await chunks.aclose()  # type: ignore[attr-defined]
-
-
 def _client_fault(exc: BaseException) -> bool:
     """A client's mistake, or a client that went away: not the model's failure."""
     return isinstance(exc, asyncio.CancelledError) or (
         isinstance(exc, ModelBossError) and 400 <= exc.status_code < 500)
-
-
-async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
-                end: StreamEnd = openai_stream_end) -> AsyncIterator[bytes]:
-    """Pass chunks through untouched; a failure mid-stream ends the stream with ``end`` (an
-    SSE error + [DONE] in OpenAI's protocol). A client that goes away mid-stream is no
-    failure of the model."""
-    ok = gone = False
-    try:
-        async for chunk in chunks:
-            yield chunk
-        ok = True
-    except (GeneratorExit, asyncio.CancelledError):
-        gone = True
-        raise
-    except Exception as exc:
-        if isinstance(exc, ModelBossError):
-            log.warning("stream from %s failed: %s", model_id, exc.message)
-        else:
-            log.exception("stream from %s failed", model_id)
-        yield end(exc)
-    finally:
-        try:
-            with contextlib.suppress(Exception):
-                await chunks.aclose()  # type: ignore[attr-defined]
-        finally:  # even when the close itself is cancelled
-            ticket.release(ok=ok, client_fault=gone)

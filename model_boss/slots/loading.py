@@ -133,6 +133,7 @@ class SlotLoad:
             await self._abandon_load(backend, lease, exc)
             raise
         s.ram_reserved_mb = 0
+        s.loaded_at = time.time()
         s.last_onload_s = round(time.monotonic() - started, 3)
         s.transition(S.READY, f"onloaded in {s.last_onload_s}s")
         s.touch(priority)

@@ -68,9 +68,12 @@ class FakeBackend:
 
     async def _chunks(self, tag: Any) -> AsyncIterator[bytes]:
         try:
-            for n in range(1000):
+            # with ``tokens``, a short stream whose last event says how many it generated
+            for n in range(1000 if self.tokens is None else 3):
                 yield b"data: %d\n\n" % n
                 await asyncio.sleep(0.01)
+            if self.tokens is not None:
+                yield b'data: {"usage": {"completion_tokens": %d}}\n\n' % self.tokens
         finally:
             self.log.append(("closed", self.entry.manifest.id, tag))
 
@@ -95,7 +98,8 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
     (tmp_path / "weights.gguf").write_bytes(b"GGUF" + b"\0" * 1024)
     manifest_file.write_text(yaml.safe_dump(manifests))
     kwargs = settings.pop("backend_kwargs", {}) if "backend_kwargs" in settings else {}
-    config = Settings(manifests=[manifest_file], tasks_file=None, state_dir=tmp_path / "state",
+    config = Settings(manifests=[manifest_file], tasks_file=settings.pop("tasks_file", None),
+                      state_dir=tmp_path / "state",
                       models_dir=tmp_path / "models",
                       gpus=gpus or [{"index": 0, "name": "sim", "vram_mb": 4096}],
                       use_nvml=False,

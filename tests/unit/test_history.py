@@ -146,9 +146,58 @@ async def test_tokens_the_answers_report_are_counted(tmp_path):
     assert seen["models"]["a"]["tokens_per_s"] == [21 / coord.settings.history_step_s]
 
 
+async def test_a_stream_counts_the_tokens_its_last_event_says(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("a", 2000)],
+                           backend_kwargs={"tokens": 9, "streams": True})
+    async with started_client(coord) as client:
+        async with client.stream("POST", "/v1/chat/completions",
+                                 json={**chat("a"), "stream": True}) as answer:
+            assert answer.status_code == 200
+            body = b"".join([chunk async for chunk in answer.aiter_bytes()])
+        assert b'"completion_tokens": 9' in body
+        await coord.history.sample()
+        rows = (await client.get("/api/v1/requests")).json()["requests"]
+        seen = (await client.get("/api/v1/history")).json()
+    assert [(r["tokens"], r["endpoint"]) for r in rows] == [(9, "/v1/chat/completions")]
+    assert seen["models"]["a"]["tokens_per_s"] == [9 / coord.settings.history_step_s]
+
+
+async def test_rows_say_the_load_waited_for_and_the_task_and_rung(tmp_path):
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text("tasks:\n  ask:\n    candidates: [embedder, a]\n")
+    embedder = manifest("embedder", 500, backend="transformers", category="embedding")
+    coord, _ = coordinator(tmp_path, [embedder, manifest("a", 2000)], tasks_file=tasks,
+                           backend_kwargs={"load_s": 0.3})
+    async with started_client(coord) as client:
+        for model in ("task:ask", "a"):  # the first waits for a's load, the second does not
+            answer = await client.post("/v1/chat/completions", json=chat(model))
+            assert answer.status_code == 200, answer.text
+        second, first = (await client.get("/api/v1/requests")).json()["requests"]
+    assert (first["task"], first["rung"]) == ("ask", 1)  # rung 0 serves no chat: passed over
+    assert 0.25 <= first["load_wait_s"] <= first["queue_wait_s"] + 0.01
+    assert (second["task"], second["rung"], second["load_wait_s"]) == (None, None, 0.0)
+
+
+@pytest.mark.parametrize("chars", [500, 6])
+async def test_prompts_are_kept_only_when_capture_is_on_and_cut(tmp_path, chars):
+    coord, _ = coordinator(tmp_path, [manifest("a", 2000)], capture_prompts=True,
+                           capture_prompt_chars=chars)
+    async with started_client(coord) as client:
+        parts = {"model": "a", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "secret"}, {"type": "text", "text": "prompt"}]}]}
+        for body in (chat("a"), parts, {"model": "a", "prompt": "secret prompt"}):
+            endpoint = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+            answer = await client.post(endpoint, json=body)
+            assert answer.status_code == 200, answer.text
+        rows = (await client.get("/api/v1/requests")).json()["requests"]
+    assert [r["prompt"] for r in rows] == ["secret prompt"[:chars]] * 3
+
+
 @pytest.mark.parametrize(("body", "tokens"), [
     (b'{"usage": {"prompt_tokens": 3, "completion_tokens": 12}}', 12),
     (b'{"usage": {"input_tokens": 3, "output_tokens": 5}}', 5),
+    (b'{"content": "hi", "tokens_predicted": 4, "timings": {"predicted_n": 4}}', 4),
+    (b'{"done": true, "eval_count": 6}', 6),
     (b'{"ok": true}', None), (None, None)])
 def test_tokens_in_reads_what_an_answer_says(body, tokens):
     from model_boss.services.served import tokens_in
@@ -183,7 +232,8 @@ async def test_requests_lists_the_last_ones_filtered_by_model_and_client(api):
     assert [(r["model"], r["client_id"]) for r in every] == [
         ("a", "alice"), ("b", "alice"), ("a", "bob"), ("a", "alice")]
     assert set(every[0]) == {"t", "model", "client_id", "priority", "queue_wait_s",
-                             "load_wait_s", "duration_s", "tokens", "status", "task", "rung"}
+                             "load_wait_s", "duration_s", "tokens", "status", "task", "rung",
+                             "endpoint"}
     assert "secret prompt" not in str(every)
     assert all(r["status"] == "ok" and r["duration_s"] >= 0 for r in every)
     assert [r["client_id"] for r in await rows("?model=a")] == ["alice", "bob", "alice"]
