@@ -5,6 +5,7 @@
 // each burst of events re-reads /api/v1/status at most a few times a second.
 
 import {startTimePanels} from "/ui/timeline.js";
+import {startPlayground} from "/ui/playground.js";
 
 const KEY_STORE = "model-boss-admin-key";    // sessionStorage: this tab only
 const THEME_STORE = "model-boss-theme";      // localStorage: not a secret
@@ -679,6 +680,7 @@ function start() {
   renderEvents();
   scheduleRefresh();
   timePanels = startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $});
+  startPlayground({api, h, $, authHeaders});
   streamEvents();
   setInterval(tick, 1000);
   setInterval(scheduleRefresh, BACKSTOP_MS);

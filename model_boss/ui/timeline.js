@@ -1,6 +1,7 @@
 // model-boss dashboard: the panels that show time. The Timeline draws GET /api/v1/history as
 // inline SVG (VRAM by holder per GPU with marks for loads, evictions and failures; queue
-// depth by priority; tokens/s per model); the Requests panel lists GET /api/v1/requests.
+// depth and wait by priority; tokens/s per model) and lists the marks in words; the Requests
+// panel lists GET /api/v1/requests and each client's waits.
 // A server without either route answers 404: the panel says so and the page carries on.
 
 const READ_EVERY_MS = 5000;
@@ -11,6 +12,7 @@ const GPU_H = 140;
 const SMALL_H = 80;
 const PALETTE = 8;           // --series-0 … --series-7 in dashboard.css
 const REQUEST_ROWS = 100;
+const MARK_ROWS = 50;        // the marks listed in words under the charts, newest last
 
 // The SVG namespace, taken from the parser rather than spelled out here.
 const SVG_NS = (() => {
@@ -168,8 +170,29 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       (priority) => `priority ${priority}`, figures.length ? [] : marks));
     const tokens = Object.fromEntries(Object.entries(history.models || {})
       .map(([id, m]) => [id, m.tokens_per_s || []]));
+    figures.push(lineChart("Queue wait by priority, seconds", "wait", t,
+      history.queue?.wait_s || {}, (priority) => `priority ${priority}`));
     figures.push(lineChart("Tokens/s per model", "tokens", t, tokens, (id) => `${id} tok/s`));
+    figures.push(markList(marks));
     $("#timeline-charts").replaceChildren(...figures);
+  }
+
+  const MARK_WORDS = {load: "loaded", evict: "evicted", unload: "unloaded", offload: "offloaded",
+    onload: "onloaded", oom_retry: "out of memory, retried", crash: "crashed",
+    lease_lost: "lost its lease"};
+
+  /** The marks in words, so why each eviction happened reads without hovering. */
+  function markList(marks) {
+    const shown = marks.slice(-MARK_ROWS);
+    const rows = shown.map((m) => h("li", {"data-type": m.type, "data-model": m.model ?? ""},
+      h("time", {}, fmtClock(m.t)), " ",
+      h("strong", {}, m.model ?? "—"), ` ${MARK_WORDS[m.type] ?? m.type}`,
+      m.gpu === null || m.gpu === undefined ? "" : ` on GPU ${m.gpu}`,
+      m.reason ? h("span", {class: "reason"}, ` — ${m.reason}`) : ""));
+    return h("figure", {class: "marks-list", "data-chart": "marks"},
+      h("h3", {}, marks.length > shown.length
+        ? `What happened (the last ${shown.length} of ${marks.length})` : "What happened"),
+      rows.length ? h("ol", {}, rows) : h("p", {class: "summary"}, "No loads or evictions yet."));
   }
 
   function gpuChart(index, gpu, t, marks, models) {
@@ -236,9 +259,41 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       h("td", {}, fmtClock(r.t)), h("td", {}, r.model), h("td", {}, r.client_id ?? "—"),
       h("td", {}, r.priority ?? "—"), h("td", {}, secs(r.queue_wait_s)), h("td", {}, secs(r.load_wait_s)),
       h("td", {}, secs(r.duration_s)), h("td", {}, r.tokens ?? "—"), h("td", {}, r.status ?? "—"),
-      h("td", {}, [r.task, r.rung].filter(Boolean).join(" · ") || "—")));
+      h("td", {}, r.task ? `${r.task} · rung ${r.rung ?? "?"}` : "—")));
     $("#request-table tbody").replaceChildren(...(body.length ? body
       : [h("tr", {}, h("td", {colspan: 10, class: "empty"}, "No requests."))]));
+    renderClientWaits(shown);
+  }
+
+  /** Each client's waits over the rows shown: requests, mean and longest queue wait, and
+   *  how much of it was a load. */
+  function renderClientWaits(rows) {
+    const by = new Map();
+    for (const r of rows) {
+      const key = `${r.client_id ?? "—"}\u0000${r.priority ?? "—"}`;
+      const c = by.get(key) ?? {client: r.client_id ?? "—", priority: r.priority ?? "—", n: 0,
+        waits: [], loads: 0};
+      c.n += 1;
+      if (r.queue_wait_s !== null && r.queue_wait_s !== undefined) c.waits.push(r.queue_wait_s);
+      c.loads += r.load_wait_s || 0;
+      by.set(key, c);
+    }
+    let table = $("#client-waits");
+    if (!table) {
+      table = h("table", {id: "client-waits"}, h("caption", {}, "Waits by client"),
+        h("thead", {}, h("tr", {}, ...["Client", "Priority", "Requests", "Mean wait",
+          "Longest wait", "Of which loading"].map((th) => h("th", {scope: "col"}, th)))),
+        h("tbody"));
+      $("#requests-summary").after(h("div", {class: "scroll"}, table));
+    }
+    const secs = (v) => `${v.toFixed(2)} s`;
+    const body = [...by.values()].sort((a, b) => String(a.priority).localeCompare(String(b.priority))
+      || a.client.localeCompare(b.client)).map((c) => h("tr", {"data-client": c.client},
+      h("td", {}, c.client), h("td", {}, c.priority), h("td", {}, c.n),
+      h("td", {}, c.waits.length ? secs(c.waits.reduce((a, b) => a + b, 0) / c.waits.length) : "—"),
+      h("td", {}, c.waits.length ? secs(Math.max(...c.waits)) : "—"), h("td", {}, secs(c.loads))));
+    table.querySelector("tbody").replaceChildren(...(body.length ? body
+      : [h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No requests."))]));
   }
 
   async function readRequests() {

@@ -551,3 +551,144 @@ def test_timeline_rereads_on_the_events_stream(browser, server):
     finally:
         context.close()
         httpx.post(server.url + "/api/v1/models/smol-a/unpin").raise_for_status()
+
+
+# ---------------------------------------------------------------- the playground
+
+def pick(page, model: str):
+    """Choose a model in the playground's picker once /v1/models has filled it."""
+    expect(page.locator(f"#pg-model option[value='{model}']")).to_have_count(1)
+    page.select_option("#pg-model", model)
+
+
+# Records the playground's state with Send's and Stop's disabled flags at each change.
+BUTTONS_WATCH = """() => {
+  const section = document.getElementById("playground");
+  window.buttonsSeen = [];
+  new MutationObserver(() => window.buttonsSeen.push([section.dataset.state,
+    document.getElementById("pg-send").disabled, document.getElementById("pg-stop").disabled]))
+    .observe(section, {attributes: true, attributeFilter: ["data-state"]});
+}"""
+
+
+def test_playground_round_trips_a_streamed_chat(page, server):
+    """A real chat on the demo model through the page: the same public route and stream any
+    client gets, the text drawn as it streams, the served model and its queue wait shown."""
+    sent: list[dict] = []
+    page.on("request", lambda r: sent.append(r.post_data_json)
+            if r.url.endswith("/v1/chat/completions") else None)
+    page.goto(server.url + "/ui")
+    pick(page, "smol-a")
+    expect(page.locator("#pg-mode")).to_have_value("chat")  # from the model's category
+    page.fill("#pg-message", "Write one short sentence about the sea.")
+    page.fill("#pg-max-tokens", "12")
+    page.evaluate(BUTTONS_WATCH)
+    send = page.get_by_role("button", name="Send", exact=True)
+    send.click()
+    expect(page.locator("#playground")).to_have_attribute("data-state", "done", timeout=LOAD_S)
+    # while it ran: Send off (one request at a time), Stop on
+    assert ["running", True, False] in page.evaluate("window.buttonsSeen")
+    assert page.locator("#pg-text").inner_text().strip(), "no streamed text drawn"
+    expect(page.locator("#pg-error")).to_be_hidden()
+    expect(page.locator("#pg-meta [data-fact='Served by']")).to_have_text("smol-a")
+    expect(page.locator("#pg-meta [data-fact='Tokens']")).to_contain_text(re.compile(r"^\d+"))
+    expect(page.locator("#pg-status")).to_contain_text("Done in")
+    expect(send).to_be_enabled()
+    # A stream that began while its model loaded has no queue-wait header (the wait was not
+    # over yet); the model is warm now, so the next answer carries it.
+    page.evaluate("document.getElementById('pg-text').textContent = ''")
+    send.click()
+    expect(page.locator("#pg-meta [data-fact='Queue wait']")).to_have_text(
+        re.compile(r"^\d+\.\d\d s$"), timeout=LOAD_S)
+    expect(page.locator("#playground")).to_have_attribute("data-state", "done", timeout=LOAD_S)
+    assert page.locator("#pg-text").inner_text().strip(), "no streamed text the second time"
+    assert sent and sent[0]["stream"] is True and sent[0]["model"] == "smol-a", sent
+    assert sent[0]["max_tokens"] == 12 and sent[0]["messages"][0]["role"] == "user", sent
+
+
+def test_playground_shows_a_routes_refusal_in_words(page, server):
+    """Rerank asked of a chat model: the real server's 400 envelope message is shown, not a
+    blank panel, and Send comes back."""
+    page.goto(server.url + "/ui")
+    pick(page, "smol-b")
+    page.select_option("#pg-mode", "rerank")
+    expect(page.locator("#pg-query")).to_be_visible()
+    expect(page.locator("#pg-message")).to_be_hidden()
+    page.get_by_role("button", name="Send", exact=True).click()
+    error = page.locator("#pg-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("'smol-b' does not serve reranking")
+    expect(error).to_contain_text("HTTP 400")
+    expect(page.locator("#playground")).to_have_attribute("data-state", "error")
+    expect(page.get_by_role("button", name="Send", exact=True)).to_be_enabled()
+
+
+# a 1x1 PNG
+PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAA"
+         "AABJRU5ErkJggg==")
+
+
+def test_playground_image_rerank_and_transcription_with_the_pages_key(browser, server):
+    """The fixture has no diffusion, rerank or speech model: those answers are stubbed (the
+    requests are what is checked), and each carries the key the page keeps."""
+    context = browser.new_context()
+    context.add_init_script("sessionStorage.setItem('model-boss-admin-key', 'pg-key')")
+    seen: dict[str, dict] = {}
+
+    def answer(name, body, headers=None):
+        def handle(route):
+            request = route.request
+            seen[name] = {"auth": request.headers.get("authorization"),
+                          "type": request.headers.get("content-type", ""),
+                          "body": request.post_data_buffer}
+            route.fulfill(status=200, content_type="application/json", json=body,
+                          headers=headers or {})
+        return handle
+
+    try:
+        page = context.new_page()
+        page.route("**/v1/images/generations", answer(
+            "image", {"created": 1, "data": [{"b64_json": PIXEL}]},
+            {"x-model-boss-model": "sd-tiny", "x-model-boss-queue-wait-s": "0.25"}))
+        page.route("**/v1/rerank", answer("rerank", {"results": [
+            {"index": 2, "relevance_score": 0.91}, {"index": 0, "relevance_score": 0.12}]}))
+        page.route("**/v1/audio/transcriptions", answer("stt", {"text": "hello from the sea"}))
+        page.goto(server.url + "/ui")
+        pick(page, "smol-a")
+        send = page.get_by_role("button", name="Send", exact=True)
+
+        page.select_option("#pg-mode", "image")
+        page.fill("#pg-prompt", "a lighthouse")
+        page.select_option("#pg-size", "64x64")
+        page.fill("#pg-steps", "4")
+        send.click()
+        image = page.locator("#pg-output img")
+        expect(image).to_have_attribute("src", f"data:image/png;base64,{PIXEL}")
+        expect(image).to_have_attribute("alt", re.compile("a lighthouse"))
+        expect(page.locator("#pg-meta [data-fact='Served by']")).to_have_text("sd-tiny")
+        assert page.evaluate("document.querySelector('#pg-output img').naturalWidth") == 1
+        body = json.loads(seen["image"]["body"])
+        assert body == {"model": "smol-a", "prompt": "a lighthouse", "size": "64x64",
+                        "response_format": "b64_json", "n": 1, "x_steps": 4}, body
+
+        page.select_option("#pg-mode", "rerank")
+        page.fill("#pg-query", "fruit")
+        page.fill("#pg-documents", "an apple\n\na car\na pear\n")
+        send.click()
+        rows = page.locator("#pg-rerank tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0)).to_have_text(re.compile(r"2\s*0\.9100\s*a pear"))
+        expect(rows.nth(1)).to_have_text(re.compile(r"0\s*0\.1200\s*an apple"))
+        assert json.loads(seen["rerank"]["body"]) == {
+            "model": "smol-a", "query": "fruit", "documents": ["an apple", "a car", "a pear"]}
+
+        page.select_option("#pg-mode", "transcription")
+        page.set_input_files("#pg-file", files=[
+            {"name": "clip.wav", "mimeType": "audio/wav", "buffer": b"RIFF0000WAVEfmt "}])
+        send.click()
+        expect(page.locator("#pg-text")).to_have_text("hello from the sea")
+        assert seen["stt"]["type"].startswith("multipart/form-data")
+        assert b'name="model"' in seen["stt"]["body"] and b"clip.wav" in seen["stt"]["body"]
+        assert {s["auth"] for s in seen.values()} == {"Bearer pg-key"}, seen
+    finally:
+        context.close()
