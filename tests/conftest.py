@@ -284,6 +284,7 @@ LONGEST_FIRST = ("e2e/test_transformers_worker.py", "unit/test_fuzz_api.py",
                  "e2e/test_diffusion.py", "e2e/test_diffusers_worker.py",
                  "e2e/test_spare_worker.py", "e2e/test_stress.py", "e2e/test_cluster_e2e.py",
                  "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
+                 "e2e/test_dashboard_traffic.py",
                  "e2e/test_openai_fidelity.py", "e2e/test_ollama_api.py",
                  "e2e/test_scheduling_e2e.py", "e2e/test_command_backend.py",
                  "e2e/test_llama_workers.py", "e2e/test_live_catalog.py")

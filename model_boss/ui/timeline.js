@@ -12,7 +12,7 @@ const GPU_H = 140;
 const SMALL_H = 80;
 const PALETTE = 8;           // --series-0 … --series-7 in dashboard.css
 const REQUEST_ROWS = 100;
-const MARK_ROWS = 50;        // the marks listed in words under the charts, newest last
+const MARK_ROWS = 50;        // the marks listed in words under the charts, newest first
 
 // The SVG namespace, taken from the parser rather than spelled out here.
 const SVG_NS = (() => {
@@ -183,7 +183,7 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
 
   /** The marks in words, so why each eviction happened reads without hovering. */
   function markList(marks) {
-    const shown = marks.slice(-MARK_ROWS);
+    const shown = marks.slice(-MARK_ROWS).reverse();  // newest first, as the events table
     const rows = shown.map((m) => h("li", {"data-type": m.type, "data-model": m.model ?? ""},
       h("time", {}, fmtClock(m.t)), " ",
       h("strong", {}, m.model ?? "—"), ` ${MARK_WORDS[m.type] ?? m.type}`,
@@ -191,8 +191,9 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       m.reason ? h("span", {class: "reason"}, ` — ${m.reason}`) : ""));
     return h("figure", {class: "marks-list", "data-chart": "marks"},
       h("h3", {}, marks.length > shown.length
-        ? `What happened (the last ${shown.length} of ${marks.length})` : "What happened"),
-      rows.length ? h("ol", {}, rows) : h("p", {class: "summary"}, "No loads or evictions yet."));
+        ? `What happened, newest first (the last ${shown.length} of ${marks.length})`
+        : "What happened, newest first"),
+      rows.length ? h("ol", {reversed: true}, rows) : h("p", {class: "summary"}, "No loads or evictions yet."));
   }
 
   function gpuChart(index, gpu, t, marks, models) {
@@ -265,8 +266,8 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
     renderClientWaits(shown);
   }
 
-  /** Each client's waits over the rows shown: requests, mean and longest queue wait, and
-   *  how much of it was a load. */
+  /** Each client's waits over the rows shown: requests, mean and longest queue wait, and the
+   *  mean part of it spent before its model was ready (a load, and making room for it). */
   function renderClientWaits(rows) {
     const by = new Map();
     for (const r of rows) {
@@ -282,7 +283,7 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
     if (!table) {
       table = h("table", {id: "client-waits"}, h("caption", {}, "Waits by client"),
         h("thead", {}, h("tr", {}, ...["Client", "Priority", "Requests", "Mean wait",
-          "Longest wait", "Of which loading"].map((th) => h("th", {scope: "col"}, th)))),
+          "Longest wait", "Mean of it loading"].map((th) => h("th", {scope: "col"}, th)))),
         h("tbody"));
       $("#requests-summary").after(h("div", {class: "scroll"}, table));
     }
@@ -291,7 +292,7 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       || a.client.localeCompare(b.client)).map((c) => h("tr", {"data-client": c.client},
       h("td", {}, c.client), h("td", {}, c.priority), h("td", {}, c.n),
       h("td", {}, c.waits.length ? secs(c.waits.reduce((a, b) => a + b, 0) / c.waits.length) : "—"),
-      h("td", {}, c.waits.length ? secs(Math.max(...c.waits)) : "—"), h("td", {}, secs(c.loads))));
+      h("td", {}, c.waits.length ? secs(Math.max(...c.waits)) : "—"), h("td", {}, secs(c.loads / c.n))));
     table.querySelector("tbody").replaceChildren(...(body.length ? body
       : [h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No requests."))]));
   }
