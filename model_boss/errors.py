@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# the Retry-After of a 503 whose cause gave none: a later try may find the model loaded,
+# room freed or a file back in place
+RETRY_503_S = 5.0
+
 
 class ModelBossError(Exception):
     """Base error: rendered as ``{"error": {"message", "type", "param", "code"}}``."""
@@ -15,6 +19,9 @@ class ModelBossError(Exception):
     status_code = 500
     error_type = "server_error"
     code: str | None = "internal_error"
+    # the Retry-After of an error raised without one: every 503 carries one (a class may say
+    # its own; else RETRY_503_S)
+    retry_after_default_s: float | None = None
 
     def __init__(
         self,
@@ -48,9 +55,13 @@ class ModelBossError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
+        retry = self.retry_after_s if self.retry_after_s is not None \
+            else self.retry_after_default_s
+        if retry is None and self.status_code == 503:
+            retry = RETRY_503_S
+        if retry is None:
             return {}
-        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+        return {"Retry-After": str(max(1, round(retry)))}
 
 
 class ConfigError(ModelBossError):
@@ -103,6 +114,7 @@ class ModelUnavailable(ModelBossError):
     status_code = 503
     error_type = "server_error"
     code = "model_unavailable"
+    retry_after_default_s = 30.0  # a file put back or a manifest enabled takes a while
 
 
 class LoadFailed(ModelBossError):
@@ -111,6 +123,7 @@ class LoadFailed(ModelBossError):
     status_code = 503
     error_type = "server_error"
     code = "model_load_failed"
+    retry_after_default_s = 10.0
 
 
 class WorkerCrashed(ModelBossError):

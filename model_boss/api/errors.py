@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ModelBossError
+from ..errors import RETRY_503_S, ModelBossError
 from ..services import bad_request
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,8 @@ def envelope(message: str, status: int, *, code: str | None = None, param: str |
              headers: dict[str, str] | None = None) -> Response:
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
                       "param": param, "code": code}}
+    if status == 503 and not any(k.lower() == "retry-after" for k in headers or {}):
+        headers = {**(headers or {}), "Retry-After": str(round(RETRY_503_S))}
     return Response(orjson.dumps(body), status_code=status, media_type="application/json",
                     headers=headers)
 

@@ -194,6 +194,9 @@ class EmbeddingRequest(OpenAIRequest):
     """``POST /v1/embeddings``."""
 
     input: NonEmptyInput
+    dimensions: Int | None = Field(default=None, ge=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    user: str | None = None
 
 
 class RerankDocument(BaseModel):

@@ -4,9 +4,7 @@ API) against a real coordinator serving the demo GGUF under two manifests on a d
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
 import threading
 from urllib.parse import parse_qs, urlsplit
@@ -15,15 +13,11 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess, llama_manifest
+from tests.e2e.chromium import playwright_and_chromium
 
 pytestmark = pytest.mark.slow
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright not installed: pip install -e '.[test]'")
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
-if CHROMIUM is None:
-    pytest.skip("chromium not installed: apt-get install chromium", allow_module_level=True)
+sync_api, CHROMIUM = playwright_and_chromium()
 
 expect = sync_api.expect
 GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}]}

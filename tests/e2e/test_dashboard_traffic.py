@@ -6,23 +6,17 @@ matching what the coordinator's own event log says happened."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import httpx
 import pytest
 
 from scripts import scripted_minute as scripted
+from tests.e2e.chromium import playwright_and_chromium
 
 pytestmark = pytest.mark.slow
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright not installed: pip install -e '.[test]'")
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
-if CHROMIUM is None:
-    pytest.skip("chromium not installed: apt-get install chromium", allow_module_level=True)
+sync_api, CHROMIUM = playwright_and_chromium()
 
 expect = sync_api.expect
 SECONDS = 20

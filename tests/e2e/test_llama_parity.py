@@ -84,6 +84,25 @@ def test_completions_without_v1_is_the_native_shape(server: ServerProcess) -> No
     assert openai["object"] == "text_completion" and openai["choices"][0]["text"] is not None
 
 
+def test_whole_answers_gathered_from_a_stream(server: ServerProcess) -> None:
+    """A non-streamed Responses call and text completion with logprobs are asked as streams
+    (so a disconnect stops them) and answer the whole body all the same."""
+    with server.client() as http:
+        text = http.post("/v1/completions", json={"model": "smol", "prompt": "Hi",
+                                                  "max_tokens": 3, "logprobs": 2,
+                                                  "temperature": 0}).json()
+        response = http.post("/v1/responses", json={"model": "smol", "input": "Say hello.",
+                                                    "max_output_tokens": 4}).json()
+    choice = text["choices"][0]
+    tokens = choice["logprobs"]["content"]
+    assert len(tokens) == text["usage"]["completion_tokens"] <= 3
+    assert "".join(t["token"] for t in tokens) == choice["text"]
+    assert all(len(t["top_logprobs"]) == 2 for t in tokens)
+    assert response["object"] == "response" and response["status"] == "completed"
+    assert response["output"][-1]["content"][0]["text"]
+    assert response["usage"]["output_tokens"] <= 4 and response["completed_at"]
+
+
 # --- llama.cpp's own errors ----------------------------------------------------------------
 
 def test_a_prompt_over_the_context_is_llamas_own_error(server: ServerProcess) -> None:
@@ -134,6 +153,9 @@ LONG = {"n_predict": 1500, "max_tokens": 1500, "ignore_eos": True}
     ("/v1/chat/completions", {"messages": HI}),
     ("/v1/chat/completions", {"messages": HI, "stream": True}),
     ("/v1/messages", {"messages": HI}),
+    ("/v1/messages", {"messages": HI, "stream": True}),
+    ("/v1/responses", {"input": "Count to a thousand:", "max_output_tokens": 1500}),
+    ("/v1/completions", {"prompt": "Count to a thousand:", "logprobs": 2}),
     ("/api/generate", {"prompt": "Count:", "stream": True, "options": {"num_predict": 1500}}),
 ])
 def test_a_client_that_goes_away_frees_its_slot(server: ServerProcess, path: str,

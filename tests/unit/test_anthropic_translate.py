@@ -121,6 +121,32 @@ def test_answers(message: dict, finish: str, content: list, stop: str) -> None:
     assert answer["usage"] == {"input_tokens": 5, "output_tokens": 2}
 
 
+STOPS = ["\n\n", "END"]
+
+
+@pytest.mark.parametrize("choice, text, stop_reason, stop_sequence", [
+    # finish_reason "stop" either way: the model's own end...
+    ({"finish_reason": "stop"}, "hello", "end_turn", None),
+    # ...or the server names the stop string (vLLM, SGLang, llama.cpp)...
+    ({"finish_reason": "stop", "stop_reason": "END"}, "hello", "stop_sequence", "END"),
+    ({"finish_reason": "stop", "matched_stop": "\n\n"}, "hello", "stop_sequence", "\n\n"),
+    ({"finish_reason": "stop", "stop_reason": 2}, "hello", "end_turn", None),  # a token id
+    ({"finish_reason": "stop", "stopping_word": "other"}, "hello", "end_turn", None),
+    # ...or it kept the stop string in the text: cut off, as Anthropic leaves it out
+    ({"finish_reason": "stop"}, "helloEND", "stop_sequence", "END"),
+    ({"finish_reason": "length"}, "helloEND", "max_tokens", None),
+])
+def test_a_stop_sequence_that_ended_the_answer(choice: dict, text: str, stop_reason: str,
+                                               stop_sequence: str | None) -> None:
+    raw = orjson.dumps({"choices": [{"message": {"content": text}, **choice}]})
+    answer = orjson.loads(from_chat(raw, "m", STOPS))
+    assert (answer["stop_reason"], answer["stop_sequence"]) == (stop_reason, stop_sequence)
+    kept = text if stop_reason != "stop_sequence" else text.removesuffix(stop_sequence)
+    assert answer["content"] == [{"type": "text", "text": kept}]
+    # without stop_sequences in the request, never
+    assert orjson.loads(from_chat(raw, "m"))["stop_sequence"] is None
+
+
 def test_count_tokens_reads_the_prompt_tokens() -> None:
     assert orjson.loads(count_answer(completion({"content": "x"}, "length"))) == \
         {"input_tokens": 5}
@@ -179,6 +205,27 @@ async def test_a_chat_stream_as_message_events() -> None:
     assert [e["index"] for e in events if e["type"] == "content_block_start"] == [0, 1, 2]
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
     assert events[-2]["usage"] == {"input_tokens": 9, "output_tokens": 4}
+
+
+@pytest.mark.parametrize("deltas, last, text, stop_reason, stop_sequence", [
+    (["Hel", "lo"], {}, "Hello", "end_turn", None),
+    (["Hel", "lo"], {"stop_reason": "END"}, "Hello", "stop_sequence", "END"),
+    (["Hello\n", "\n"], {}, "Hello", "stop_sequence", "\n\n"),  # kept by the server
+    (["Hello\n", "there"], {}, "Hello\nthere", "end_turn", None),  # held, then let go
+    (["Hello E", "N", "D"], {}, "Hello ", "stop_sequence", "END"),
+])
+async def test_a_stream_ended_by_a_stop_sequence(deltas: list, last: dict, text: str,
+                                                 stop_reason: str,
+                                                 stop_sequence: str | None) -> None:
+    chunks = [sse(delta(content=d)) for d in deltas]
+    chunks.append(sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
+                                    **last}]}))
+    events = await events_of(from_chat_stream(pieces(*chunks, b"data: [DONE]\n\n"), "m",
+                                              STOPS))
+    said = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert said == text
+    end = next(e for e in events if e["type"] == "message_delta")["delta"]
+    assert end == {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
 
 
 async def test_an_error_chunk_fails_the_stream() -> None:

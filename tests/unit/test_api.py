@@ -393,6 +393,31 @@ async def test_openai_fields_a_worker_could_not_read_are_400(api, body, param):
     assert coord.queue.depth == 0
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"dimensions": "10"}, "dimensions"),
+    ({"dimensions": 0}, "dimensions"),
+    ({"encoding_format": "int8"}, "encoding_format"),
+    ({"encoding_format": 1}, "encoding_format"),
+    ({"user": 7}, "user"),
+])
+async def test_embedding_fields_of_the_wrong_type_are_400(api, body, param):
+    client, coord = api
+    response = await client.post("/v1/embeddings", headers=USER,
+                                 json={"model": "a", "input": "x", **body})
+    assert_envelope(response, 400, param)
+    assert coord.queue.depth == 0
+
+
+async def test_embedding_fields_reach_the_worker_as_sent(api, monkeypatch):
+    client, _ = api
+    seen = recording(monkeypatch)
+    fields = {"model": "a", "input": "x", "dimensions": 8, "encoding_format": "base64",
+              "user": "u1"}
+    response = await client.post("/v1/embeddings", headers=USER, json=fields)
+    assert response.status_code == 200, response.text
+    assert seen[0][2] == fields
+
+
 async def test_openai_fields_reach_the_worker_as_sent(api, monkeypatch):
     client, _ = api
     seen = recording(monkeypatch)

@@ -24,7 +24,7 @@ from schemathesis.python import asgi
 from model_boss.api.anthropic import is_anthropic_path
 from model_boss.api.app import create_app
 from model_boss.api.ollama import is_ollama_path
-from model_boss.services.anthropic.stream import ERROR_TYPES as ANTHROPIC_TYPES
+from model_boss.services.anthropic.stream import error_body as anthropic_error
 
 from ..hub_standin import HubStandin
 from .fakes import coordinator, manifest
@@ -117,7 +117,7 @@ def problems(response, path: str = "") -> list[str]:
         whole = orjson.loads(response.content)
         good = whole.get("type") == "error" and isinstance(error, dict) \
             and set(error) == {"type", "message"} and error["message"] \
-            and error["type"] == ANTHROPIC_TYPES.get(response.status_code, "api_error")
+            and error["type"] == anthropic_error(response.status_code, "-")["error"]["type"]
         return [] if good else [f"{response.status_code} without Anthropic's envelope: {whole}"]
     if not isinstance(error, dict) or set(error) != ENVELOPE or not error["message"]:
         return [f"{response.status_code} with a malformed envelope: {error}"]

@@ -32,7 +32,8 @@ async def whole(endpoint: str, raw: bytes) -> dict:
 
 @pytest.mark.parametrize("endpoint, body, expected", [
     ("/completion", {}, True), ("/v1/chat/completions", {}, True),
-    ("/v1/messages", {}, True), ("/v1/completions", {"logprobs": 2}, False),
+    ("/v1/messages", {}, True), ("/v1/completions", {"logprobs": 2}, True),
+    ("/v1/responses", {}, True),
     ("/v1/embeddings", {}, False), ("/tokenize", {}, False),
 ])
 def test_what_is_gathered(endpoint: str, body: dict, expected: bool) -> None:
@@ -83,6 +84,43 @@ async def test_text_completion() -> None:
     assert answer["object"] == "text_completion"
     assert answer["choices"] == [{"index": 0, "text": "ab", "logprobs": None,
                                   "finish_reason": "length"}]
+
+
+async def test_text_completion_with_logprobs() -> None:
+    one = {"id": 1, "token": "a", "logprob": -0.5, "top_logprobs": []}
+    two = {"id": 2, "token": "b", "logprob": -1.5, "top_logprobs": []}
+    answer = await whole("/v1/completions", sse(
+        {"id": "x", "choices": [{"index": 0, "text": "a", "logprobs": {"content": [one]}}]},
+        {"id": "x", "choices": [{"index": 0, "text": "b", "logprobs": {"content": [two]}}]},
+        {"id": "x", "choices": [{"index": 0, "text": "", "logprobs": None,
+                                 "finish_reason": "length"}]}))
+    assert answer["choices"] == [{"index": 0, "text": "ab", "finish_reason": "length",
+                                  "logprobs": {"content": [one, two]}}]
+
+
+RESPONSE = {"id": "resp_1", "object": "response", "created_at": 7, "status": "completed",
+            "model": "m", "output": [{"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "Hi", "annotations": []}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}}
+
+
+async def test_a_response_is_the_one_its_completed_event_carries() -> None:
+    answer = await whole("/v1/responses", b"".join([
+        event({"type": "response.created", "response": {"id": "resp_1"}}),
+        event({"type": "response.output_text.delta", "item_id": "i", "delta": "Hi"}),
+        event({"type": "response.completed", "response": RESPONSE})]))
+    assert answer.pop("completed_at") >= 7
+    assert answer == RESPONSE
+
+
+async def test_a_response_that_failed_or_never_completed_is_an_error() -> None:
+    with pytest.raises(UpstreamError) as failed:
+        await whole("/v1/responses", event({"type": "error", "error": {
+            "code": 400, "message": "context full", "type": "exceed_context_size_error"}}))
+    assert failed.value.status_code == 400
+    with pytest.raises(UpstreamError) as cut_short:
+        await whole("/v1/responses", event({"type": "response.created", "response": {}}))
+    assert cut_short.value.status_code == 502
 
 
 async def test_message_without_its_message_start() -> None:

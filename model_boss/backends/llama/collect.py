@@ -6,11 +6,16 @@ answered (llama.cpp's native shape, OpenAI's chat and text completions, Anthropi
 One difference remains: a stream holds back the bytes of a character not yet complete, so an
 answer cut by its token limit in the middle of one (an emoji) ends before it, where the
 whole answer would end in a replacement character.
+
+Every generating route is gathered: OpenAI's text completions with ``logprobs`` too (each
+event's ``logprobs.content`` adds up to the whole answer's), and the Responses API, whose
+``response.completed`` event carries the whole response.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,13 +29,13 @@ NATIVE = frozenset({"/completion", "/completions", "/infill"})
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
 MESSAGES = "/v1/messages"
-COLLECTED = NATIVE | {CHAT, TEXT, MESSAGES}
+RESPONSES = "/v1/responses"
+COLLECTED = NATIVE | {CHAT, TEXT, MESSAGES, RESPONSES}
 
 
 def collectable(endpoint: str, body: dict[str, Any]) -> bool:
-    """Whether a non-streamed request on ``endpoint`` is gathered from a stream (OpenAI's text
-    completions with ``logprobs`` are not: their streamed form does not add up to the whole)."""
-    return endpoint in COLLECTED and not (endpoint == TEXT and body.get("logprobs"))
+    """Whether a non-streamed request on ``endpoint`` is gathered from a stream."""
+    return endpoint in COLLECTED
 
 
 def as_stream(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +76,8 @@ async def collect(endpoint: str, chunks: AsyncIterator[bytes], model_id: str,
             await chunks.aclose()  # type: ignore[attr-defined]
     if endpoint == MESSAGES:
         return orjson.dumps(_message(events, model_id))
+    if endpoint == RESPONSES:
+        return orjson.dumps(_response(events, model_id))
     datas = [orjson.loads(data) for data in map(sse_data, events)
              if data is not None and data != b"[DONE]"]
     for data in datas:
@@ -139,13 +146,39 @@ def _chat(datas: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _text(datas: list[dict[str, Any]]) -> dict[str, Any]:
     text: list[str] = []
+    logprobs: list[Any] = []
     finish = None
     for data in datas:
         for choice in data.get("choices") or []:
             text.append(choice.get("text") or "")
+            logprobs += (choice.get("logprobs") or {}).get("content") or []
             finish = choice.get("finish_reason") or finish
     return {**_frame(datas, "text_completion"), "choices": [{
-        "index": 0, "text": "".join(text), "logprobs": None, "finish_reason": finish}]}
+        "index": 0, "text": "".join(text),
+        "logprobs": {"content": logprobs} if logprobs else None, "finish_reason": finish}]}
+
+
+def _response(events: list[bytes], model_id: str) -> dict[str, Any]:
+    """The Responses API's whole response: the one its ``response.completed`` (or
+    ``response.incomplete``) event carries; a failure or an error event is the worker's
+    error."""
+    for whole in events:
+        data = sse_data(whole)
+        if not data or data == b"[DONE]":
+            continue
+        event = orjson.loads(data)
+        kind = event.get("type")
+        if kind in ("error", "response.failed") or (kind is None and "error" in event):
+            error = event.get("error") or (event.get("response") or {}).get("error") or event
+            status = error.get("code") if isinstance(error, dict) else None
+            raise upstream_error(model_id, status if isinstance(status, int) else 500,
+                                 orjson.dumps({"error": error}))
+        if kind in ("response.completed", "response.incomplete"):
+            response = dict(event["response"])
+            response.setdefault("completed_at", int(time.time()))
+            return response
+    raise upstream_error(model_id, 502, orjson.dumps({"error": {
+        "message": "the worker's stream ended before its response was complete"}}))
 
 
 def _message(events: list[bytes], model_id: str) -> dict[str, Any]:

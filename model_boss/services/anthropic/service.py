@@ -52,11 +52,13 @@ class MessagesAdapter:
             chat.pop("stream", None)
             return WorkerCall(CHAT, chat, answer=count_answer)
 
-        def told_back(chunks: Chunks) -> Chunks:
-            return from_chat_stream(chunks, model_id)
+        stops = body.get("stop_sequences")
 
-        return WorkerCall(CHAT, to_chat(body), answer=lambda raw: from_chat(raw, model_id),
-                          chunks=told_back)
+        def told_back(chunks: Chunks) -> Chunks:
+            return from_chat_stream(chunks, model_id, stops)
+
+        return WorkerCall(CHAT, to_chat(body),
+                          answer=lambda raw: from_chat(raw, model_id, stops), chunks=told_back)
 
     def stream_end(self, exc: Exception) -> bytes:
         return error_event(exc)

@@ -14,19 +14,23 @@ import orjson
 from ...backends.sse import sse_data, sse_events
 from ...errors import ModelBossError
 from ..redact import redacted
-from .translate import message_id, stop_reason, tool_use_id
+from .translate import matched_stop, message_id, stop_reason, tool_use_id
 
-# HTTP status → Anthropic's error type (a status not listed: api_error)
+# HTTP status → Anthropic's error type; another 4xx is invalid_request_error, another 5xx
+# api_error. Anthropic has no 409: a state that forbids the request (model_busy,
+# model_not_loaded) is the client's to wait out or change, so invalid_request_error
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
-               413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
+               409: "invalid_request_error", 413: "request_too_large",
+               422: "invalid_request_error", 429: "rate_limit_error",
                503: "overloaded_error", 529: "overloaded_error"}
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error envelope."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
-                                       "message": message}}
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500
+                           else "api_error")  # api_error never for what the client can fix
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def event(kind: str, data: dict[str, Any]) -> bytes:
@@ -110,13 +114,40 @@ class _Blocks:
         return out
 
 
-async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str) -> AsyncIterator[bytes]:
+class _HeldText:
+    """A streamed text less the tail that could still turn out to be a stop sequence (a
+    server that keeps the stop string in the text): held until the next text or the end."""
+
+    def __init__(self, stops: list[str] | None) -> None:
+        self.stops = [stop for stop in stops or [] if stop]
+        self.held = ""
+        self.text = ""  # all of it, for the stop sequence the answer ends with
+
+    def add(self, text: str) -> str:
+        self.text += text
+        self.held += text
+        keep = max((n for stop in self.stops for n in range(1, len(stop) + 1)
+                    if self.held.endswith(stop[:n])), default=0)
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def flush(self, stop: str | None = None) -> str:
+        out, self.held = self.held, ""
+        return out[:-len(stop)] if stop and out.endswith(stop) else out
+
+
+async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str,
+                           stops: list[str] | None = None) -> AsyncIterator[bytes]:
     """A chat-completions stream (``data: {...}`` chunks, ``data: [DONE]``) as Messages
-    events. A worker's error chunk ends it with an ``error`` event."""
+    events. A worker's error chunk ends it with an ``error`` event. ``stops``: the request's
+    ``stop_sequences``, the one that ended the answer reported as ``stop_sequence``
+    (:func:`~.translate.matched_stop`)."""
     blocks = _Blocks()
     finish: str | None = None
     usage: dict[str, Any] = {}
     saw_tool = False
+    text = _HeldText(stops)
+    last: dict[str, Any] = {}  # the last choice, with the stop string a server may name
     yield message_start(model_id)
     yield PING
     try:
@@ -129,33 +160,47 @@ async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str) -> Async
                 raise StreamFailed(str(chunk["error"].get("message") or "the worker failed"))
             usage = chunk.get("usage") or usage
             for choice in (chunk.get("choices") or [])[:1]:
+                last = {**last, **choice}
                 delta = choice.get("delta") or {}
+                if delta.get("reasoning_content") or delta.get("tool_calls"):
+                    for out in _text_delta(blocks, text.flush()):
+                        yield out
                 if delta.get("reasoning_content"):
                     for out in blocks.delta("thinking", {"type": "thinking", "thinking": "",
                                                          "signature": ""},
                                             {"type": "thinking_delta",
                                              "thinking": delta["reasoning_content"]}):
                         yield out
-                if delta.get("content"):
-                    for out in blocks.delta("text", {"type": "text", "text": ""},
-                                            {"type": "text_delta", "text": delta["content"]}):
+                if isinstance(delta.get("content"), str):
+                    for out in _text_delta(blocks, text.add(delta["content"])):
                         yield out
                 for call in delta.get("tool_calls") or []:
                     saw_tool = True
                     for out in _tool_delta(blocks, call):
                         yield out
                 finish = choice.get("finish_reason") or finish
+        stop = None if saw_tool else matched_stop({**last, "finish_reason": finish},
+                                                  text.text, stops)
+        for out in _text_delta(blocks, text.flush(stop)):
+            yield out
         for out in blocks.close():
             yield out
-        reason = "tool_use" if saw_tool else stop_reason(finish)
+        reason = "tool_use" if saw_tool else "stop_sequence" if stop else stop_reason(finish)
         yield event("message_delta", {
-            "delta": {"stop_reason": reason, "stop_sequence": None},
+            "delta": {"stop_reason": reason, "stop_sequence": stop},
             "usage": {"input_tokens": usage.get("prompt_tokens", 0),
                       "output_tokens": usage.get("completion_tokens", 0)}})
         yield event("message_stop", {})
     finally:
         with contextlib.suppress(Exception):
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _text_delta(blocks: _Blocks, text: str) -> list[bytes]:
+    if not text:
+        return []
+    return blocks.delta("text", {"type": "text", "text": ""},
+                        {"type": "text_delta", "text": text})
 
 
 def _tool_delta(blocks: _Blocks, call: dict[str, Any]) -> list[bytes]:

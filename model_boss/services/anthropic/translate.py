@@ -118,8 +118,30 @@ def _result_text(block: dict[str, Any]) -> str:
     return f"Error: {text}" if block.get("is_error") else text
 
 
-def from_chat(raw: bytes, model_id: str) -> bytes:
-    """A chat completion as an Anthropic message."""
+# the fields in which OpenAI-compatible servers name the stop string that ended a choice:
+# vLLM's ``stop_reason``, SGLang's ``matched_stop``, llama.cpp's ``stopping_word``
+_NAMED_STOP = ("stop_reason", "matched_stop", "stopping_word")
+
+
+def matched_stop(choice: dict[str, Any], text: str, stops: list[str] | None) -> str | None:
+    """The request's stop sequence that ended a choice, or None. A chat answer's
+    ``finish_reason`` is ``"stop"`` whether the model ended its turn or a stop string cut it,
+    and most servers leave the stop string out of the text, so: the stop sequence the server
+    names (:data:`_NAMED_STOP`), else the one the text ends with (a server that keeps it);
+    else None: the answer is taken as the model's own end (``end_turn``)."""
+    if not stops or choice.get("finish_reason") not in ("stop", None):
+        return None
+    for name in _NAMED_STOP:
+        named = choice.get(name)
+        if isinstance(named, str) and named in stops:
+            return named
+    return next((stop for stop in sorted(stops, key=len, reverse=True)
+                 if stop and text.endswith(stop)), None)
+
+
+def from_chat(raw: bytes, model_id: str, stops: list[str] | None = None) -> bytes:
+    """A chat completion as an Anthropic message; ``stops``: the request's
+    ``stop_sequences`` (:func:`matched_stop`; the matched one is not part of the text)."""
     data = orjson.loads(raw)
     choice = (data.get("choices") or [{}])[0]
     said = choice.get("message") or {}
@@ -127,8 +149,12 @@ def from_chat(raw: bytes, model_id: str) -> bytes:
     if said.get("reasoning_content"):
         content.append({"type": "thinking", "thinking": said["reasoning_content"],
                         "signature": ""})
-    if said.get("content"):
-        content.append({"type": "text", "text": said["content"]})
+    text = said.get("content") if isinstance(said.get("content"), str) else ""
+    stop = None if said.get("tool_calls") else matched_stop(choice, text, stops)
+    if stop is not None and text.endswith(stop):
+        text = text[:-len(stop)]
+    if text:
+        content.append({"type": "text", "text": text})
     for call in said.get("tool_calls") or []:
         function = call.get("function") or {}
         content.append({"type": "tool_use", "id": call.get("id") or tool_use_id(),
@@ -137,8 +163,10 @@ def from_chat(raw: bytes, model_id: str) -> bytes:
     usage = data.get("usage") or {}
     return orjson.dumps({
         "id": message_id(), "type": "message", "role": "assistant", "model": model_id,
-        "content": content, "stop_reason": stop_reason(choice.get("finish_reason"), content),
-        "stop_sequence": None,
+        "content": content,
+        "stop_reason": "stop_sequence" if stop is not None
+        else stop_reason(choice.get("finish_reason"), content),
+        "stop_sequence": stop,
         "usage": {"input_tokens": usage.get("prompt_tokens", 0),
                   "output_tokens": usage.get("completion_tokens", 0)}})
 
