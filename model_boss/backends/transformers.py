@@ -1,11 +1,17 @@
 """TransformersBackend: ``python -m workers.transformers`` — an embedder (sentence-transformers)
 or a reranker (CrossEncoder), batching concurrent requests, or a speech recogniser or voice
-(transformers' pipelines), with a CPU-RAM tier."""
+(transformers' pipelines), with a CPU-RAM tier. Every request carries a ``request_id``: a
+caller that goes away (client disconnect, job cancelled) sends ``POST /cancel`` for it, so a
+long transcription or speech stops on the worker too, not only on the coordinator."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..catalog.manifest import Category, ModelManifest
@@ -23,6 +29,7 @@ SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
 TASKS = {Category.EMBEDDING: "embedding", Category.RERANK: "rerank", Category.STT: "stt",
          Category.TTS: "tts"}
 STREAMED = frozenset({"/v1/audio/speech"})  # audio passed on as it is encoded
+_BACKGROUND: set[asyncio.Task] = set()
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -63,8 +70,44 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
             raise BadRequest(f"'{self.manifest.id}' is a model of kind "
                              f"'{self.manifest.category}'; it serves {routes}",
                              param="model", code="unsupported_endpoint")
-        return await self.proxy("POST", served[endpoint], {**body, "model": self.manifest.id},
-                                stream=endpoint in STREAMED)
+        request_id = uuid.uuid4().hex
+        try:
+            answer = await self.proxy("POST", served[endpoint],
+                                      {**body, "model": self.manifest.id,
+                                       "request_id": request_id},
+                                      stream=endpoint in STREAMED)
+        except asyncio.CancelledError:  # the caller went away: stop the worker's work too
+            self._cancel(request_id)
+            raise
+        if answer.stream is not None:
+            answer.stream = self._cancelled_when_left(answer.stream, request_id)
+        return answer
+
+    def _cancel(self, request_id: str) -> None:
+        """``POST /cancel`` in the background; by id, so a cancel that overtakes its request
+        still stops it, and only it."""
+        async def cancel() -> None:
+            with contextlib.suppress(Exception):
+                await self.control("/cancel", {"request_id": request_id})
+
+        task = asyncio.create_task(cancel())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+
+    async def _cancelled_when_left(self, stream: AsyncIterator[bytes],
+                                   request_id: str) -> AsyncIterator[bytes]:
+        """A stream (speech) its reader leaves before the end: cancelled on the worker, which
+        stops before its next sentence."""
+        finished = False
+        try:
+            async for chunk in stream:
+                yield chunk
+            finished = True
+        finally:
+            if not finished:
+                self._cancel(request_id)
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
 
     async def offload(self) -> dict[str, Any]:
         return await self.control("/offload")

@@ -4,7 +4,9 @@ Transport-neutral: it takes a parsed body and its extensions and returns a :clas
 (a whole body, or a chunk stream that reports a failure as an SSE error event then
 ``[DONE]``). A task's ladder is tried in the router's order; when a candidate cannot serve
 (missing file, crash, timeout, no room ever) the next one is tried within the request's
-budget, and a ``fallback`` event is logged. Every answer names the model that served it.
+budget, and a ``fallback`` event is logged; a rung that cannot serve this kind of request
+(an embedder for a chat) is passed over with a ``rung_skipped`` event that says why. Every
+answer names the model that served it.
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
         refusal = _refusal(coord, model_id, endpoint, body)
         if refusal is not None:  # a rung that cannot give what was asked is passed over
             last_error = refusal
+            coord.events.emit("rung_skipped", model=model_id, task=task.name if task else None,
+                              rung=position, endpoint=endpoint, code=refusal.code,
+                              reason=refusal.message)
             continue
         manifest = coord.catalog.get(model_id).manifest
         queued = QueuedRequest(

@@ -1,7 +1,9 @@
-"""CUDA paths: real VRAM figures, offload to CPU RAM and back. Skipped without a GPU."""
+"""CUDA paths: real VRAM figures, offload to CPU RAM and back; a transformers model's VRAM
+measured on the GPU, learned, and kept across a restart. Skipped without a GPU."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -9,8 +11,9 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import ServerProcess, free_port, wait_for, worker_health
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
+from tests.transformers_fixtures import build_embedder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -62,3 +65,45 @@ def test_nvml_inventory():
     gpus = nvml.gpus()
     assert gpus and all(g.vram_mb > 1000 and g.source == "nvml" for g in gpus)
     assert 0 < nvml.free_mb(0) <= gpus[0].vram_mb
+
+
+def test_a_transformers_models_vram_is_measured_learned_and_kept(tmp_path):
+    """An embedder on the real GPU (NVML inventory, nothing declared): the worker reports
+    CUDA's own figures, the coordinator learns them as the model's VRAM (a ``measured`` event
+    with ``vram``), saves them in learned.json, and after a restart estimates the model by
+    them when it is loaded again."""
+    pytest.importorskip("sentence_transformers", reason="the 'transformers' extra")
+    embedder = build_embedder(tmp_path / "embedder", hidden=256, layers=4)
+    manifest = {"id": "embed", "backend": "transformers", "category": "embedding",
+                "path": str(embedder), "vram_mb": 1000}
+    server = ServerProcess(tmp_path / "server", {"use_nvml": True}, [manifest])
+
+    def embed_slot() -> dict:
+        return next(s for s in server.status()["slots"] if s["model"] == "embed")
+
+    def measured() -> list[dict]:
+        listed = httpx.get(server.url + "/api/v1/events?stream=false", timeout=10).json()
+        return [e for e in listed["events"] if e["type"] == "measured" and e["model"] == "embed"]
+
+    server.start()
+    try:
+        answer = httpx.post(server.url + "/v1/embeddings", timeout=300,
+                            json={"model": "embed", "input": "the cat sat on the mat"})
+        assert answer.status_code == 200, answer.text
+        health = worker_health(embed_slot())
+        assert health["device"] == "cuda" and health["tier"] == "gpu", health
+        assert health["memory"]["cuda_allocated_mb"] >= 1, health
+        event = wait_for(measured, timeout=30)[-1]
+        assert event["vram"] is True and event["mb"] >= 1, event
+        assert embed_slot()["measured_mb"] == event["mb"]
+    finally:
+        server.stop()
+    learned = json.loads((tmp_path / "server" / "state" / "learned.json").read_text())
+    assert learned["models"]["embed"]["vram_mb"] == event["mb"], learned
+    server.start()  # the learned figure survives the restart: the next load is leased by it
+    try:
+        httpx.post(server.url + "/api/v1/models/embed/load", timeout=300).raise_for_status()
+        estimate = embed_slot()["vram_estimate"]
+        assert estimate["rung"] == "measured" and estimate["mb"] == event["mb"], estimate
+    finally:
+        server.stop()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import os
 import signal
 import struct
+import time
 import wave
 
 import av
@@ -21,7 +23,13 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import ServerProcess, llama_manifest, wait_for, worker_health
+from tests.conftest import (
+    ServerProcess,
+    llama_manifest,
+    wait_for,
+    worker_health,
+    worker_secret,
+)
 from tests.transformers_fixtures import (
     CLIP_FORMATS,
     build_embedder,
@@ -432,3 +440,125 @@ def test_five_kinds_share_one_gpu_through_the_official_clients(server, client):
                for m in ("embed", "rerank", "ears", "voice"))
     assert [lease["note"] for lease in httpx.get(
         server.url + "/api/v1/leases", timeout=10).json()["leases"]] == ["smol"]
+
+
+# --- cancel, the CPU tier's refusal, load progress ------------------------------------------
+
+def silent_flac(seconds: float, rate: int = 16000) -> bytes:
+    """Half an hour of silence is a small FLAC file (well under the upload limit) and a long
+    transcription: one chunk after another."""
+    import numpy as np
+
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="flac") as file:
+        stream = file.add_stream("flac", rate=rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, int(seconds * rate)), dtype=np.int16),
+                                           format="s16", layout="mono")
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            file.mux(packet)
+    return out.getvalue()
+
+
+def events(server: ServerProcess, kind: str, since: int = 0) -> list[dict]:
+    listed = httpx.get(f"{server.url}/api/v1/events?stream=false&since={since}",
+                       timeout=10).json()["events"]
+    return [e for e in listed if e["type"] == kind]
+
+
+def last_seq(server: ServerProcess) -> int:
+    listed = httpx.get(f"{server.url}/api/v1/events?stream=false", timeout=10).json()["events"]
+    return listed[-1]["seq"] if listed else 0
+
+
+def test_a_long_transcription_its_client_leaves_stops_on_the_worker(server, client):
+    """The client goes mid-transcription: the coordinator sends the worker a cancel for that
+    request id, the transcription stops at its next chunk (it would run for many seconds
+    more), the worker's state and log say so, and the model is free for the next request."""
+    client.audio.transcriptions.create(model="ears", file=("a.wav", speech_clip(1)))
+    ears = slot(server, "ears")
+    before = worker_health(ears)["cancelled"]
+    clip = silent_flac(1800)
+
+    async def ask_then_leave() -> float:
+        async with httpx.AsyncClient(timeout=120) as http:
+            asking = asyncio.create_task(http.post(
+                server.url + "/v1/audio/transcriptions", data={"model": "ears"},
+                files={"file": ("long.flac", clip)}))
+            await asyncio.to_thread(wait_for, lambda: worker_health(ears)["running"], 30)
+            await asyncio.sleep(1.5)  # decoded; a few chunks in
+            assert not asking.done()
+            asking.cancel()  # the connection is closed: the client has gone
+            with contextlib.suppress(asyncio.CancelledError):
+                await asking
+            return time.monotonic()
+
+    left = asyncio.run(ask_then_leave())
+    wait_for(lambda: not worker_health(ears)["running"], timeout=10,
+             what=lambda: worker_health(ears))
+    stopped_after = time.monotonic() - left
+    health = worker_health(ears)
+    assert health["cancelled"] == before + 1 and health["state"] == "ready", health
+    assert stopped_after < 2.0, stopped_after  # the whole clip takes far longer
+    log = (server.workdir / "state" / "logs" / "ears.log").read_text()
+    assert f"request {health['last_cancelled']} cancelled" in log
+    started = time.monotonic()  # the model is free: the next request does not wait behind it
+    client.audio.transcriptions.create(model="ears", file=("a.wav", speech_clip(1)))
+    assert time.monotonic() - started < 5
+    assert slot(server, "ears")["state"] == "ready"
+
+
+def test_speech_its_reader_leaves_stops_before_the_next_sentence(server):
+    text = " ".join(f"Sentence number {n} is here." for n in range(130))
+    httpx.post(server.url + "/v1/audio/speech", timeout=120, json={
+        "model": "voice", "input": "hi", "response_format": "wav"}).raise_for_status()
+    voice = slot(server, "voice")
+    before = worker_health(voice)["cancelled"]
+    with httpx.stream("POST", server.url + "/v1/audio/speech", timeout=120, json={
+            "model": "voice", "input": text, "response_format": "mp3"}) as response:
+        assert response.status_code == 200
+        assert next(response.iter_bytes())  # the first sentence, then the reader goes
+    wait_for(lambda: not worker_health(voice)["running"], timeout=10,
+             what=lambda: worker_health(voice))
+    assert worker_health(voice)["cancelled"] == before + 1
+
+
+def test_a_parked_model_is_refused_by_its_worker_and_onloaded_by_the_coordinator(
+        server, client):
+    """While its weights are in CPU RAM the worker refuses requests (409 model_offloaded, so
+    one never runs on the CPU copy); through the coordinator the same request onloads the
+    model first and the client sees no error."""
+    client.embeddings.create(model="embed", input="x")
+    httpx.post(server.url + "/v1/rerank", timeout=60, json={
+        "model": "rerank", "query": "q", "documents": ["d"]}).raise_for_status()
+    parked = wait_for(lambda: (s := slot(server, "embed"))["state"] == "offloaded" and s,
+                      timeout=30, what=lambda: slot(server, "embed"))
+    direct = httpx.post(f"http://127.0.0.1:{parked['port']}/v1/embeddings", timeout=30,
+                        json={"input": "x"},
+                        headers={"Authorization": f"Bearer {worker_secret(parked['pid'])}"})
+    assert direct.status_code == 409, direct.text
+    assert direct.json()["error"]["code"] == "model_offloaded"
+    since = last_seq(server)
+    answer = client.embeddings.create(model="embed", input="x")
+    assert len(answer.data[0].embedding) == 32
+    back = slot(server, "embed")
+    assert back["state"] == "ready" and back["pid"] == parked["pid"]
+    assert [e["model"] for e in events(server, "onloaded", since)].count("embed") == 1
+    assert not [e for e in events(server, "load_started", since) if e["model"] == "embed"]
+
+
+def test_a_transformers_load_reports_its_stages(server):
+    """A cold load (from disk, after an unload) reported as ``load_progress`` events: forward
+    only, each stage once, from leasing to ready."""
+    order = ["leasing", "starting", "loading", "warming", "ready"]
+    httpx.post(server.url + "/api/v1/models/rerank/unload", timeout=60).raise_for_status()
+    wait_for(lambda: all(s["state"] == "idle" for s in server.status()["slots"]
+                         if s["model"] == "rerank"), timeout=30)  # no slot: never loaded
+    since = last_seq(server)
+    httpx.post(server.url + "/v1/rerank", timeout=120, json={
+        "model": "rerank", "query": "q", "documents": ["d"]}).raise_for_status()
+    stages = [e["stage"] for e in events(server, "load_progress", since)
+              if e["model"] == "rerank"]
+    assert stages[0] == "leasing" and stages[-1] == "ready", stages
+    assert "loading" in stages or "starting" in stages, stages
+    assert stages == sorted(stages, key=order.index) and len(stages) == len(set(stages))

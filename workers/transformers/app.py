@@ -10,6 +10,10 @@
                           verbose_json, as OpenAI answers
     POST /v1/audio/speech {input, voice?, speed?, response_format?} (tts task): audio, streamed
                           sentence by sentence where the format allows
+    POST /cancel          {"request_id"} (every model request takes an optional
+                          ``request_id``), or no body: every running request; a transcription
+                          stops at its next chunk, speech at its next sentence, an embedding or
+                          rerank request still waiting in the batcher leaves it (409 cancelled)
     POST /offload         weights to CPU RAM;  POST /onload  back to the device
     POST /load            a spare (``--spare``) takes its model: {"args": [model flags],
                           "cuda_visible_devices"?}; answers as /health once loaded (409 on
@@ -28,8 +32,8 @@ import base64
 import logging
 import os
 import uuid
-from collections.abc import Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -44,6 +48,7 @@ from ..spare import InvalidOptions, LoadRequest
 from . import speech
 from .audio import AudioError, Encoder, decode
 from .batcher import Batcher
+from .cancel import Cancelled, Ticket, Tickets
 from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
 from .options import load_args
@@ -51,6 +56,7 @@ from .options import load_args
 log = logging.getLogger(__name__)
 
 Text = Annotated[StrictStr, Field(min_length=1)]
+RequestId = Annotated[StrictStr | None, Field(default=None, min_length=1, max_length=128)]
 
 
 class EmbeddingsBody(BaseModel):
@@ -60,6 +66,7 @@ class EmbeddingsBody(BaseModel):
     encoding_format: str = "float"
     dimensions: int | None = Field(default=None, ge=1)
     model: str | None = None
+    request_id: RequestId = None
 
 
 class Document(BaseModel):
@@ -74,6 +81,7 @@ class RerankBody(BaseModel):
     top_n: int | None = Field(default=None, ge=1)
     return_documents: StrictBool = False
     model: str | None = None
+    request_id: RequestId = None
 
 
 TRANSCRIPTS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -90,6 +98,7 @@ class TranscriptionBody(BaseModel):
     response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = "json"
     timestamp_granularities: list[Literal["word", "segment"]] = Field(default_factory=list)
     model: str | None = None
+    request_id: RequestId = None
 
 
 class SpeechBody(BaseModel):
@@ -100,6 +109,11 @@ class SpeechBody(BaseModel):
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     model: str | None = None
+    request_id: RequestId = None
+
+
+class CancelBody(BaseModel):
+    request_id: RequestId = None
 
 
 def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
@@ -110,6 +124,20 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     batcher = Batcher(run, engine.options.batch_size, engine.options.max_batch_wait_ms / 1000)
     kinds = {"embedding": "embeddings", "rerank": "rerank", "stt": "transcriptions",
              "tts": "speech"}
+    tickets = Tickets()
+
+    @contextmanager
+    def admitted(request_id: str | None) -> Iterator[Ticket]:
+        """The request's ticket while it runs; one a cancel stopped is counted and logged."""
+        ticket, stopped = tickets.open(request_id), False
+        try:
+            ticket.check()  # a cancel that came before its request
+            yield ticket
+        except Cancelled:
+            stopped = True
+            raise
+        finally:
+            tickets.close(ticket, stopped=stopped)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -147,7 +175,9 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {**engine.report(), "batches": batcher.batches, "largest_batch": batcher.largest}
+        body = {**engine.report(), "batches": batcher.batches, "largest_batch": batcher.largest,
+                "running": tickets.running(), "cancelled": tickets.cancelled,
+                "last_cancelled": tickets.last_cancelled}
         ok = engine.state in ("ready", "offloaded")
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -170,7 +200,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         if body.dimensions is not None and body.dimensions > (engine.dimensions or 0):
             raise WorkerError(400, f"dimensions: at most {engine.dimensions} for this model",
                               "invalid_value", "dimensions")
-        embedded = await batcher.submit(texts)
+        with admitted(body.request_id) as ticket:
+            embedded = await batcher.submit(texts, ticket)
         tokens = sum(n for _, n in embedded)
         data = [{"object": "embedding", "index": i,
                  "embedding": _encode(_shorten(v, body.dimensions), body.encoding_format)}
@@ -190,7 +221,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
             raise WorkerError(400, f"documents: at most {engine.options.max_items}",
                               "invalid_value",
                               "documents")
-        scored = await batcher.submit([(body.query, d) for d in documents])
+        with admitted(body.request_id) as ticket:
+            scored = await batcher.submit([(body.query, d) for d in documents], ticket)
         scores = [score for score, _ in scored]
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:body.top_n]
         results = [{"index": i, "relevance_score": scores[i],
@@ -213,18 +245,20 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
             data = base64.b64decode(body.file, validate=True)
         except ValueError:
             raise WorkerError(400, "file: not base64", "invalid_value", "file") from None
-        try:
-            samples = await asyncio.to_thread(decode, data, engine.rate)
-        except AudioError as exc:
-            raise WorkerError(400, f"file: {exc}", "invalid_audio", "file") from None
         words = "word" in body.timestamp_granularities and body.response_format == "verbose_json"
         if words and engine.whisper:
             raise WorkerError(400, "timestamp_granularities: this model gives segment "
                               "timestamps only", "invalid_value", "timestamp_granularities")
-        heard = await asyncio.to_thread(
-            engine.transcribe, samples, task=task,
-            language=body.language if task == "transcribe" else None, prompt=body.prompt,
-            temperature=body.temperature, words=words)
+        with admitted(body.request_id) as ticket:
+            try:
+                samples = await asyncio.to_thread(decode, data, engine.rate)
+            except AudioError as exc:
+                raise WorkerError(400, f"file: {exc}", "invalid_audio", "file") from None
+            ticket.check()
+            heard = await asyncio.to_thread(
+                engine.transcribe, samples, task=task,
+                language=body.language if task == "transcribe" else None, prompt=body.prompt,
+                temperature=body.temperature, words=words, ticket=ticket)
         if task == "translate":
             heard["language"] = "en"
         return speech.transcript(heard, body.response_format, task)
@@ -246,25 +280,47 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                               "invalid_value", "speed")
         pieces = speech.sentences(body.input)
         encoder = Encoder(body.response_format, engine.rate or 16000)
+        # a cancel stops it before its next sentence; a stream keeps its ticket till it ends
+        ticket = tickets.open(body.request_id)
 
         async def piece(text: str) -> bytes:
             samples = await asyncio.to_thread(engine.synthesize, text, speed=body.speed,
-                                              speaker=speaker)
+                                              speaker=speaker, ticket=ticket)
             return encoder.add(samples)
 
-        first = await piece(pieces[0])  # a failure before the answer starts is a status
-        if not encoder.streamable:
-            rest = [await piece(text) for text in pieces[1:]]
-            return Response(first + b"".join(rest) + encoder.close(),
-                            media_type=encoder.content_type)
+        streaming = False
+        try:
+            first = await piece(pieces[0])  # a failure before the answer starts is a status
+            if not encoder.streamable:
+                rest = [await piece(text) for text in pieces[1:]]
+                return Response(first + b"".join(rest) + encoder.close(),
+                                media_type=encoder.content_type)
+            streaming = True
+        except Cancelled:
+            tickets.close(ticket, stopped=True)
+            raise
+        finally:
+            if not streaming:
+                tickets.close(ticket)
 
         async def stream():
-            yield first
-            for text in pieces[1:]:
-                yield await piece(text)
-            yield encoder.close()
+            done = False
+            try:
+                yield first
+                for text in pieces[1:]:
+                    yield await piece(text)
+                yield encoder.close()
+                done = True
+            except Cancelled:  # the answer has begun: it ends short
+                return
+            finally:
+                tickets.close(ticket, stopped=not done)
 
         return StreamingResponse(stream(), media_type=encoder.content_type)
+
+    @app.post("/cancel")
+    async def cancel(body: CancelBody | None = None) -> dict[str, Any]:
+        return tickets.cancel(body.request_id if body else None)
 
     @app.post("/offload")
     async def offload() -> dict[str, Any]:

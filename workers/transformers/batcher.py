@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cancel import Cancelled, Ticket
+
 
 @dataclass(slots=True)
 class _Ask:
@@ -43,14 +45,20 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def submit(self, items: Sequence[Any]) -> list[Any]:
-        """Results for ``items``, in their order."""
+    async def submit(self, items: Sequence[Any], ticket: Ticket | None = None) -> list[Any]:
+        """Results for ``items``, in their order. A cancel of ``ticket`` takes the request out
+        of the queue (it never runs); in a batch already running, its share is dropped."""
         ask = _Ask(items, asyncio.get_running_loop().create_future())
+        if ticket is not None:
+            ticket.on_cancel(lambda: ask.done.done() or ask.done.set_exception(
+                Cancelled(ticket.request_id)))
         await self._queue.put(ask)
         return await ask.done
 
     async def _gather(self) -> list[_Ask]:
         asks = [await self._queue.get()]
+        while asks[0].done.done():  # cancelled (or its caller gone) while it waited
+            asks = [await self._queue.get()]
         count = len(asks[0].items)
         deadline = asks[0].queued_at + self.max_wait_s
         while count < self.batch_size:
@@ -64,8 +72,9 @@ class Batcher:
                     ask = await asyncio.wait_for(self._queue.get(), left)
                 except TimeoutError:
                     break
-            asks.append(ask)
-            count += len(ask.items)
+            if not ask.done.done():
+                asks.append(ask)
+                count += len(ask.items)
         return [a for a in asks if not a.done.done()]  # a caller that went away is dropped
 
     async def _loop(self) -> None:

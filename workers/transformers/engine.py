@@ -94,6 +94,7 @@ class Engine:
         self.load_s: float | None = None
         self.whisper = False
         self._lock = threading.Lock()  # one model call or move at a time
+        self._ticket: Any = None  # the running transcription's (checked at each forward)
 
     def assign(self, options: WorkerOptions) -> None:
         """A spare takes its model's options (once); a worker that is no spare is busy."""
@@ -129,6 +130,8 @@ class Engine:
                 self.max_tokens = self.model.max_length
             else:
                 self.model = self._pipeline(torch)
+                # a long transcription stops at its next chunk (its next forward) once cancelled
+                self._module(torch).register_forward_pre_hook(self._between_chunks)
             self.footprint_mb = _footprint_mb(self._module(torch))
             self.load_s = round(time.perf_counter() - started, 3)
             self.state = "ready"
@@ -158,13 +161,20 @@ class Engine:
         """Voices a multi-speaker synthesiser has (1 for the others)."""
         return int(getattr(self.model.model.config, "num_speakers", 1) or 1)
 
+    def _between_chunks(self, _module: Any, _args: Any) -> None:
+        if self._ticket is not None:
+            self._ticket.check()
+
     def transcribe(self, samples: Any, *, task: str = "transcribe", language: str | None = None,
                    prompt: str | None = None, temperature: float = 0.0,
-                   words: bool = False) -> dict[str, Any]:
+                   words: bool = False, ticket: Any = None) -> dict[str, Any]:
         """Text with segment (and, where the model can, word) timestamps. Audio longer than
-        the model's window is cut into overlapping chunks the pipeline joins again."""
+        the model's window is cut into overlapping chunks the pipeline joins again; a cancel
+        of ``ticket`` stops it before the next chunk."""
         with self._lock:
             self._ready()
+            if ticket is not None:
+                ticket.check()  # cancelled while it waited for the model
             seconds = len(samples) / self.rate
             kwargs: dict[str, Any] = {}
             if seconds > CHUNK_S:
@@ -182,7 +192,11 @@ class Engine:
                               return_language=True)
             else:
                 kwargs["return_timestamps"] = "word"
-            out = self.model({"raw": samples, "sampling_rate": self.rate}, **kwargs)
+            self._ticket = ticket
+            try:
+                out = self.model({"raw": samples, "sampling_rate": self.rate}, **kwargs)
+            finally:
+                self._ticket = None
         chunks = []
         for chunk in out.get("chunks") or []:  # times kept within the clip
             start = min(_stamp(chunk["timestamp"][0], 0.0), seconds)
@@ -202,13 +216,16 @@ class Engine:
                              for start, end, text in segments],
                 **({"words": spoken} if words else {})}
 
-    def synthesize(self, text: str, *, speed: float = 1.0,
-                   speaker: int | None = None) -> Any:
-        """One piece of speech (float32 samples at ``self.rate``)."""
+    def synthesize(self, text: str, *, speed: float = 1.0, speaker: int | None = None,
+                   ticket: Any = None) -> Any:
+        """One piece of speech (float32 samples at ``self.rate``); none once ``ticket`` is
+        cancelled."""
         import numpy as np
 
         with self._lock:
             self._ready()
+            if ticket is not None:
+                ticket.check()
             config = self.model.model.config
             forward: dict[str, Any] = {}
             if speaker is not None:
