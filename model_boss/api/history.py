@@ -16,12 +16,14 @@ router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
 @router.get("/api/v1/history")
 async def history(request: Request,
                   minutes: int = Query(default=60, ge=1, le=60,
-                                       description="the last this many minutes")
+                                       description="the last this many minutes"),
+                  points: int = Query(default=720, ge=10, le=3600,
+                                      description="at most this many points per series")
                   ) -> dict[str, Any]:
     """VRAM held per model and outside lease, free VRAM, queue depth and wait, request and
     token rates, the CPU tier, one value per ``step_s``, oldest first; marks for loads,
     evictions, offloads, crashes and lost leases."""
-    return coordinator_of(request).history.render(minutes)
+    return coordinator_of(request).history.render(minutes, points=points)
 
 
 @router.get("/api/v1/requests")

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 KEEP_S = 3600.0  # the last hour
 MAX_MARKS = 2000
+MAX_POINTS = 720  # per series in an answer: finer than a chart's pixels is wasted
 # event type → mark type; an "unloaded" that is part of an eviction is marked by "evicted"
 MARKS = {"loaded": "load", "evicted": "evict", "unloaded": "unload", "offloaded": "offload",
          "onloaded": "onload", "oom_retry": "oom_retry", "worker_crashed": "crash",
@@ -148,18 +149,27 @@ class History:
 
     # -- reading -------------------------------------------------------------------------
 
-    def render(self, minutes: float = 60, now: float | None = None) -> dict[str, Any]:
-        """The last ``minutes`` as aligned series (oldest first); absent holders read 0."""
+    def render(self, minutes: float = 60, now: float | None = None,
+               points: int = MAX_POINTS) -> dict[str, Any]:
+        """The last ``minutes`` as aligned series (oldest first); absent holders read 0. More
+        steps than ``points`` are averaged in equal runs (``step_s`` says the run's length),
+        so the answer stays the size a chart can draw whatever the step."""
         now = time.time() if now is None else now
         since = now - minutes * 60
         steps = [s for s in self.steps if s.t >= since]
+        run = max(1, math.ceil(len(steps) / max(1, points)))
+        if run > 1:
+            return _averaged(self._render(steps, now, since), run)
+        return self._render(steps, now, since)
+
+    def _render(self, steps: list[Step], now: float, since: float) -> dict[str, Any]:
         gpus = {}
         for index, (name, capacity) in sorted(self._gpus.items()):
-            labels = sorted({label for s in steps for label in s.held.get(index, {})})
+            per_step = [s.held.get(index, {}) for s in steps]
+            labels = sorted({label for held in per_step for label in held})
             gpus[str(index)] = {
                 "name": name, "capacity_mb": capacity,
-                "held": {label: [s.held.get(index, {}).get(label, 0) for s in steps]
-                         for label in labels},
+                "held": {label: [held.get(label, 0) for held in per_step] for label in labels},
                 "free_mb": [s.free.get(index, 0) for s in steps]}
         priorities = sorted({p for s in steps for p in (*s.depth, *s.wait)}, key=int)
         models = sorted({m for s in steps for m in (*s.requests, *s.tokens)})
@@ -172,3 +182,33 @@ class History:
                        for m in models},
             "cpu_tier_mb": [s.cpu_tier_mb for s in steps],
             "marks": [dict(m) for m in self.marks if m["t"] >= since]}
+
+
+def _mean(values: list) -> Any:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
+
+
+def _averaged(rendered: dict[str, Any], run: int) -> dict[str, Any]:
+    """Every series of ``rendered`` averaged over runs of ``run`` steps (nulls ignored)."""
+    def series(values: list) -> list:
+        if not values:
+            return values
+        if None in values:
+            return [_mean(values[i:i + run]) for i in range(0, len(values), run)]
+        sums = [sum(values[i:i + run]) for i in range(0, len(values), run)]
+        last = len(values) - run * (len(sums) - 1)  # the last run may be shorter
+        return [round(total / run, 4) for total in sums[:-1]] + [round(sums[-1] / last, 4)]
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return series(node)
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        return node
+
+    marks = rendered.pop("marks")
+    averaged = {key: walk(value) for key, value in rendered.items()}
+    averaged["step_s"] = rendered["step_s"] * run
+    averaged["marks"] = marks
+    return averaged

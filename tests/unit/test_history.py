@@ -267,3 +267,22 @@ def test_the_grafana_board_reads_only_metrics_the_daemon_exports():
                 for m in Metrics().registry.collect()}
     assert used and used <= exported, used - exported
     assert {"model_boss_gpu_leased_mb", "model_boss_requests_total"} <= used
+
+
+async def test_more_steps_than_points_are_averaged_in_equal_runs(api):
+    client, coord = api
+    history = coord.history
+    start = time.time() - 100 * history.step_s
+    for i in range(100):
+        await history.sample(now=start + i * history.step_s)
+    history.steps[-1].wait["5"] = 2.0  # one grant's wait, in the last run only
+    whole = history.render()
+    assert len(whole["t"]) == 100 and whole["step_s"] == history.step_s
+    seen = (await client.get("/api/v1/history?points=30", headers=ADMIN)).json()
+    assert len(seen["t"]) == 25 and seen["step_s"] == 4 * history.step_s  # runs of 4
+    assert seen["t"][0] == pytest.approx(sum(whole["t"][:4]) / 4, abs=0.01)
+    assert seen["gpus"]["0"]["capacity_mb"] == 4096 and seen["gpus"]["0"]["name"] == "sim"
+    assert seen["gpus"]["0"]["free_mb"] == [whole["gpus"]["0"]["free_mb"][0]] * 25
+    assert seen["queue"]["wait_s"]["5"] == [None] * 24 + [2.0]  # nulls ignored in a run
+    assert (await client.get("/api/v1/history?points=3", headers=ADMIN)).status_code in (
+        400, 422)
