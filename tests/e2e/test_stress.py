@@ -7,8 +7,13 @@ lease table, taken with no await between them) as fast as it can and records a v
 a slot serves a request without a held lease, runs one in a state other than READY/DRAINING,
 holds a lease the store does not know, or when leases add up to more than the GPU.
 
-The default run lasts 20 s (part of the test command); set ``MODEL_BOSS_STRESS_S=600`` for the
-long run.
+A second run swaps two llama.cpp models whose prompts are long enough to be kept across swaps
+(prompt caches saved on the way out, restored on the way in) in a cache bounded to a few MB:
+the same promise, plus the cache folder never over its bound on any check, and saves and
+restores seen in the models' status.
+
+The default runs last 20 s and 12 s (part of the test command); set
+``MODEL_BOSS_STRESS_S=600`` for the long run (the second then lasts 60 % of it).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import os
 import random
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,6 +62,15 @@ def violations_in(status: dict) -> list[str]:
 
 
 @pytest.mark.timeout(DURATION_S + 240)
+
+async def posted(client: httpx.AsyncClient, path: str, payload: dict, bad: list[str]) -> int:
+    """POST ``payload``; a 400 or a 5xx other than 503 is noted in ``bad``. The status."""
+    response = await client.post(path, json=payload)
+    status = response.status_code
+    if status >= 500 and status != 503 or status == 400:
+        bad.append(f"{path} {payload['model']}: {status} {response.text[:200]}")
+    return status
+
 def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
     server = make_server(
         {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": GPU_MB}], "vram_margin_mb": MARGIN_MB,
@@ -92,10 +107,7 @@ def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
                             and '"error"' not in text
                         status = response.status_code if ok else f"{response.status_code}!"
                 else:
-                    response = await client.post(path, json=payload)
-                    status = response.status_code
-                    if status >= 500 and status != 503 or status == 400:
-                        bad.append(f"{path} {payload['model']}: {status} {response.text[:200]}")
+                    status = await posted(client, path, payload, bad)
             except httpx.HTTPError as exc:
                 status = type(exc).__name__
             outcomes[str(status)] = outcomes.get(str(status), 0) + 1
@@ -136,3 +148,89 @@ def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
     assert sum(loads.values()) >= 6, loads  # the models really took turns
     print(f"\nstress: {DURATION_S:.0f}s, {snapshots} snapshots, outcomes {outcomes}, "
           f"loads {loads}")
+
+
+CACHE_MB = 7  # a short save (~2.2 MB) and a long one (~4.3 MB) fit, two long ones do not
+CACHE_S = DURATION_S * 0.6
+# about 95 and 170 tokens of the demo model once templated (over prompt_cache_min_tokens: 64)
+PREFIXES = ["You answer questions about numbers. " + " ".join(
+    f"Fact {i}: after {i} comes {i + 1}." for i in range(start, start + n))
+    for start, n in ((0, 6), (20, 6), (50, 12))]  # two short, one long
+
+
+def on_disk(folder: Path) -> int:
+    """Bytes of every file under ``folder`` (half-written ones too)."""
+    total = 0
+    for path in folder.rglob("*") if folder.is_dir() else []:
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except OSError:  # removed between the listing and the look
+            continue
+    return total
+
+
+@pytest.mark.timeout(CACHE_S + 240)
+def test_promise_and_cache_bound_hold_through_saves_and_restores(make_server, demo_gguf):
+    server = make_server(
+        {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": GPU_MB}], "vram_margin_mb": MARGIN_MB,
+         "reaper_interval_s": 0.5, "max_queue_wait_s": 120, "prompt_cache_mb": CACHE_MB,
+         "prompt_cache_min_tokens": 64},
+        [llama_manifest(m, demo_gguf, vram_mb=3000) for m in ("a", "b")])
+    folder = server.workdir / "state" / "prompt-cache"
+    deadline = time.monotonic() + CACHE_S
+    outcomes: dict[str, int] = {}
+    bad: list[str] = []
+    checks = 0
+    most = 0
+
+    async def client_loop(client: httpx.AsyncClient, seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            payload = {"model": rng.choice("ab"), "max_tokens": 2, "temperature": 0,
+                       "x_priority": rng.choice([0, 5, 9]),
+                       "x_keep_alive_s": rng.choice([0, 1, 2]),
+                       "messages": [{"role": "system", "content": rng.choice(PREFIXES)},
+                                    {"role": "user", "content": "What comes after 3?"}]}
+            try:
+                status = await posted(client, "/v1/chat/completions", payload, bad)
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            outcomes[str(status)] = outcomes.get(str(status), 0) + 1
+
+    async def watcher(client: httpx.AsyncClient) -> None:
+        nonlocal checks, most
+        while time.monotonic() < deadline:
+            status = (await client.get("/api/v1/status")).json()
+            size = on_disk(folder)
+            checks += 1
+            most = max(most, size)
+            for problem in violations_in(status):
+                bad.append(f"check {checks}: {problem}")
+            if size > CACHE_MB * 2**20:
+                bad.append(f"check {checks}: the prompt cache holds {size} bytes")
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=180) as client:
+            await asyncio.gather(watcher(client), *[client_loop(client, s) for s in range(3)])
+
+    asyncio.run(main())
+    assert not bad, f"{len(bad)} violation(s) in {checks} checks: {bad[:10]}"
+    assert checks > CACHE_S * 5, checks
+    served = outcomes.get("200", 0)
+    assert served >= 2 and served / sum(outcomes.values()) > 0.8, outcomes
+
+    for model in ("a", "b"):  # a planned stop saves too; then nothing may be left
+        httpx.post(f"{server.url}/api/v1/models/{model}/unload", timeout=120)
+    wait_for(lambda: not server.status()["leases"] and not server.worker_pids(), timeout=60,
+             what=server.status)
+    status = server.status()
+    assert not violations_in(status)
+    assert all(s["state"] == "idle" for s in status["slots"]), status["slots"]
+    cache = {s["model"]: s["prompt_cache"] for s in status["slots"]}
+    assert sum(c["saves"] for c in cache.values()) >= 1, cache
+    assert sum(c["restores"] for c in cache.values()) >= 1, cache
+    assert on_disk(folder) <= CACHE_MB * 2**20
+    assert {p.suffix for p in folder.rglob("*.*")} <= {".bin", ".json"}
+    print(f"\nstress with prompt caches: {CACHE_S:.0f}s, {checks} checks, outcomes "
+          f"{outcomes}, cache {cache}, at most {most / 2**20:.1f} MB on disk")

@@ -11,8 +11,12 @@ the same model and settings. A save is written as ``<slot>-<n>.partial``, rename
 and then described in ``.json`` (renamed into place last): a save cut short by a crash or a
 kill leaves a ``.partial`` or a ``.bin`` without its ``.json``, which is never restored and is
 removed. Files are private to the coordinator's user. The cache is bounded by
-``prompt_cache_mb``: after each save the least recently used files go first
-(:func:`over_bound`, a pure decision over the files' sizes and times).
+``prompt_cache_mb``, least recently used files first out (:func:`over_bound`, a pure decision
+over the files' sizes and times): at start (a lowered bound takes effect then; what a killed
+coordinator left half-written goes too), and before each save, which first makes room for the
+file it is about to write (its size foreseen from the bytes per token of the saves already
+made; a model's very first save, with nothing to foresee it by, is checked right after it).
+Saves are one at a time, so two swaps never both count on the same room.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import orjson
 log = logging.getLogger(__name__)
 
 MB = 2**20
+ZERO = {"saves": 0, "restores": 0, "restored_tokens": 0, "reused_tokens": 0}
+MARGIN = 1.1  # a foreseen file's size, with room to spare (the slot may hold a few more tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,8 @@ class PromptCache:
         self.save_s = save_s
         self.counts: dict[str, dict[str, int]] = {}  # model → saves, restores, restored_tokens
         self.timings: dict[str, dict[str, float]] = {}  # model → last save_s, restore_s
+        self._lock = asyncio.Lock()  # one save at a time: each makes room for its own file
+        self.sweep()
 
     @property
     def enabled(self) -> bool:
@@ -94,10 +102,15 @@ class PromptCache:
         return path
 
     def _count(self, model_id: str, **add: int) -> None:
-        counts = self.counts.setdefault(model_id, {"saves": 0, "restores": 0,
-                                                   "restored_tokens": 0})
+        counts = self.counts.setdefault(model_id, dict(ZERO))
         for name, value in add.items():
             counts[name] += value
+
+    def note_reused(self, model_id: str, tokens: int) -> None:
+        """A finished worker's ``prompt_tokens_cached_total`` (llama.cpp's ``/metrics``):
+        prompt tokens it reused from any cache: its slot's KV, its RAM prompt cache
+        (``--cache-ram``) or a restored save. llama.cpp counts no RAM cache hits apart."""
+        self._count(model_id, reused_tokens=max(0, tokens))
 
     # -- the way out ---------------------------------------------------------------------
 
@@ -106,13 +119,20 @@ class PromptCache:
         returns how many were saved. Never raises: a swap does not wait on a failed save."""
         saved = 0
         try:
-            async with asyncio.timeout(self.save_s):
+            async with asyncio.timeout(self.save_s), self._lock:
+                self.tidy(shelf)
                 reply = await client.get("/slots")
                 slots = reply.json() if reply.status_code == 200 else []
                 started = time.perf_counter()
                 for slot in slots if isinstance(slots, list) else []:
-                    if int(slot.get("n_prompt_tokens") or 0) >= self.min_tokens:
+                    tokens = int(slot.get("n_prompt_tokens") or 0)
+                    if tokens < self.min_tokens:
+                        continue
+                    decoded = sum(int(t.get("n_decoded") or 0)
+                                  for t in slot.get("next_token") or [] if isinstance(t, dict))
+                    if self.make_room(shelf, tokens + decoded, int(slot["id"])):
                         saved += await self._save_slot(client, shelf, model_id, int(slot["id"]))
+                    self.enforce()
                 if saved:
                     self.timings.setdefault(model_id, {})["last_save_s"] = round(
                         time.perf_counter() - started, 3)
@@ -120,6 +140,42 @@ class PromptCache:
             log.warning("prompt cache of %s not saved: %s", model_id, exc)
         self.enforce()
         return saved
+
+    def make_room(self, shelf: Path, tokens: int, slot: int = 0) -> bool:
+        """Remove saves so a save of ``tokens`` fits beside the rest: first the slot's older
+        saves it replaces, then the least recently used; False when it could not fit even
+        alone (it is not made). Its size is foreseen from the saves already on disk (this
+        shelf's, else any); with none, nothing is foreseen."""
+        rate = self.bytes_per_token(shelf)
+        if rate is None:
+            return True
+        need = int(rate * tokens * MARGIN) + 4096
+        if need > self.bound_bytes:
+            log.info("a prompt of %d tokens (%d MB) does not fit in the prompt cache", tokens,
+                     need // MB)
+            return False
+        files = self.files()
+        if sum(f.size for f in files) <= self.bound_bytes - need:
+            return True
+        replaced = [f for f in files if f.path.parent == shelf
+                    and f.path.stem.split("-", 1)[0] == str(slot)]
+        rest = [f for f in files if f not in replaced]
+        for saved in replaced + over_bound(rest, self.bound_bytes - need):
+            self._remove(saved.path)
+        return True
+
+    def bytes_per_token(self, shelf: Path) -> float | None:
+        """The most bytes per token of the saves on ``shelf``, else of every save."""
+        for metas in (list(shelf.glob("*.json")), list(self.root.rglob("*.json"))):
+            rates = []
+            for meta in metas:
+                with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                    data = orjson.loads(meta.read_bytes())
+                    if int(data["tokens"]) > 0:
+                        rates.append(int(data["bytes"]) / int(data["tokens"]))
+            if rates:
+                return max(rates)
+        return None
 
     async def _save_slot(self, client: httpx.AsyncClient, shelf: Path, model_id: str,
                          slot: int) -> int:
@@ -209,13 +265,31 @@ class PromptCache:
                 each.unlink()
 
     def files(self, model_id: str | None = None) -> list[Saved]:
+        """The saves (of one model, or all): each ``.bin``'s size counts its ``.json`` too."""
         base = self.root / _safe(model_id) if model_id else self.root
         out = []
         for path in base.rglob("*.bin") if base.is_dir() else []:
             with contextlib.suppress(OSError):
                 stat = path.stat()
-                out.append(Saved(path, stat.st_size, stat.st_mtime))
+                meta = path.with_suffix(".json")
+                extra = meta.stat().st_size if meta.exists() else 0
+                out.append(Saved(path, stat.st_size + extra, stat.st_mtime))
         return out
+
+    def sweep(self) -> list[Saved]:
+        """At start: what cut-short saves left goes, then the least recently used saves over
+        the bound (all models, all settings: a lowered ``prompt_cache_mb`` takes effect now),
+        then the folders left empty. Returns the saves removed."""
+        if not self.root.is_dir():
+            return []
+        for shelf in [p for p in self.root.glob("*/*") if p.is_dir()]:
+            self.tidy(shelf)
+        removed = self.enforce()
+        for folder in sorted(self.root.glob("*/*"), reverse=True) + sorted(
+                self.root.glob("*")):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+        return removed
 
     def enforce(self) -> list[Saved]:
         """Remove the least recently used saves until the cache fits its bound."""
@@ -235,5 +309,5 @@ class PromptCache:
         files = self.files(model_id)
         return {"enabled": self.enabled, "files": len(files),
                 "mb": round(sum(f.size for f in files) / MB, 1),
-                **self.counts.get(model_id, {"saves": 0, "restores": 0, "restored_tokens": 0}),
+                **self.counts.get(model_id, ZERO),
                 **self.timings.get(model_id, {})}

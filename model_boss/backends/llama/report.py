@@ -11,7 +11,8 @@ import psutil
 # llama.cpp's Prometheus names (``llamacpp:`` prefix) kept in a report
 METRICS = ("requests_processing", "requests_deferred", "prompt_tokens_total",
            "tokens_predicted_total", "prompt_tokens_seconds", "predicted_tokens_seconds",
-           "n_tokens_max", "kv_cache_usage_ratio", "kv_cache_tokens")
+           "n_tokens_max", "kv_cache_usage_ratio", "kv_cache_tokens",
+           "prompt_tokens_cached_total")
 
 
 async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:

@@ -10,12 +10,15 @@ set and ``native`` otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from ...catalog.manifest import ModelManifest
 from ...errors import LoadFailed
@@ -24,7 +27,7 @@ from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
 from .collect import as_stream, collectable, gather
 from .prompt_cache import PromptCache
-from .report import server_report
+from .report import parse_metrics, server_report
 
 ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
 MODEL_SIDE_TEMPLATES = ("alpaca", "raw")  # rendered here: llama.cpp has no such template
@@ -111,10 +114,16 @@ class LlamaCppServerBackend(LlamaServerBackend):
                                             self.manifest.concurrency)
 
     async def retire(self) -> None:
-        """A planned stop (eviction, unload, shutdown): save the slots' prompts first."""
+        """A planned stop (eviction, unload, shutdown): save the slots' prompts first, and
+        keep the worker's count of prompt tokens it reused from its caches."""
         if self._shelf is not None and self.prompt_cache is not None and self._client \
                 and self.alive:
             await self.prompt_cache.save(self._client, self._shelf, self.manifest.id)
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                reply = await self._client.get("/metrics", timeout=2.0)
+                reused = parse_metrics(reply.text).get("prompt_tokens_cached_total")
+                if reply.status_code == 200 and reused is not None:
+                    self.prompt_cache.note_reused(self.manifest.id, int(reused))
 
     @property
     def speaks_anthropic(self) -> bool:
