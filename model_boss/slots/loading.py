@@ -8,6 +8,8 @@ slot's and the worker still alive. A failure stops whatever was started and rele
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,11 @@ if TYPE_CHECKING:
     from .host import SlotOperator
 
 S = SlotState
+# a worker's words for running out of GPU memory while it loads (llama.cpp, CUDA, torch)
+OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|failed to allocate|"
+                           r"CUBLAS_STATUS_ALLOC_FAILED|cudaMalloc failed", re.IGNORECASE)
+OOM_RETRIES = 1  # loads again once with a larger claim, then fails as it would have
+OOM_GROWTH = 1.25
 
 
 class SlotLoad:
@@ -42,23 +49,43 @@ class SlotLoad:
     async def run(self) -> None:
         s, priority = self.owner.slot, self.priority
         try:
-            self.progress.report("leasing")
-            entry = self.owner.pool.catalog.get_available(self.owner.model_id)
-            s.entry = entry  # a reload's new manifest applies from this load on
-            s.estimate = self.owner.pool.estimate(entry)
-            lease, placement = await self.owner.pool.make_room(self.owner, priority)
-            if s.state == S.OFFLOADED and not _sees(s.worker_gpus, placement):
-                await self._retire_parked(lease, placement)
-            if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
-                await self._onload(lease, placement, priority)
-            else:
-                await self._cold_start(lease, placement, priority)
+            for attempt in range(1 + OOM_RETRIES):
+                self.progress.report("leasing")
+                entry = self.owner.pool.catalog.get_available(self.owner.model_id)
+                s.entry = entry  # a reload's new manifest applies from this load on
+                s.estimate = self.owner.pool.estimate(entry)
+                lease, placement = await self.owner.pool.make_room(self.owner, priority)
+                if s.state == S.OFFLOADED and not _sees(s.worker_gpus, placement):
+                    await self._retire_parked(lease, placement)
+                if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
+                    await self._onload(lease, placement, priority)
+                    break
+                try:
+                    await self._cold_start(lease, placement, priority)
+                    break
+                except ModelBossError as exc:
+                    if attempt == OOM_RETRIES or not OUT_OF_MEMORY.search(exc.message):
+                        raise
+                    self._claim_more(exc)
+                    self.cancellable = True  # the next attempt makes room again
         except BaseException as exc:
             self.cancellable = False
             self.progress.report("failed", error=self.cancel_reason or str(exc)
                                  or type(exc).__name__)
             raise
         self.progress.report("ready")
+
+    def _claim_more(self, exc: ModelBossError) -> None:
+        """The worker ran out of GPU memory while loading: the lease was too small for it.
+        The model's figure grows by a quarter (learned, so later loads claim it too) and the
+        load goes again, making room for the larger claim."""
+        model_id, before = self.owner.model_id, self.owner.slot.estimate
+        old_mb = before.mb if before else 0
+        new_mb = max(old_mb + 1, math.ceil(old_mb * OOM_GROWTH))
+        self.owner.pool.learned.observe_vram(model_id, new_mb)
+        self.owner.pool.events.emit("oom_retry", model=model_id, vram_mb=old_mb, to_mb=new_mb,
+                                    reason=f"out of memory at {old_mb} MB; retried with "
+                                           f"{new_mb} MB", error=exc.message[:300])
 
     async def _retire_parked(self, lease: Lease | None, placement: Placement | None) -> None:
         """The parked worker sees other GPUs than the lease's (its CUDA_VISIBLE_DEVICES is

@@ -25,12 +25,14 @@ class FakeBackend:
 
     def __init__(self, entry, settings, log: list, load_s: float = 0.0,
                  fail: Exception | None = None, gate: asyncio.Event | None = None,
-                 streams: bool = False, tokens: int | None = None) -> None:
+                 streams: bool = False, tokens: int | None = None,
+                 fail_starts: list[BaseException] | None = None) -> None:
         self.entry = entry
         self.streams = streams  # answer ``stream: true`` with a stream (else a whole body)
         self.tokens = tokens  # a whole answer says it generated this many (usage)
         self.log = log
         self.load_s = load_s
+        self.fail_starts = fail_starts  # shared by every start: each takes the next failure
         self.fail = fail
         self.gate = gate
         self.on_exit = None
@@ -42,6 +44,8 @@ class FakeBackend:
     async def start(self, port, placement) -> None:
         self.log.append(("start", self.entry.manifest.id))
         await asyncio.sleep(self.load_s)
+        if self.fail_starts:
+            raise self.fail_starts.pop(0)
         if self.fail:
             raise self.fail
 
