@@ -1,7 +1,8 @@
 // model-boss dashboard: the panels that show time. The Timeline draws GET /api/v1/history as
 // inline SVG (VRAM by holder per GPU with marks for loads, evictions and failures; queue
-// depth and wait by priority; tokens/s per model) and lists the marks in words; the Requests
-// panel lists GET /api/v1/requests and each client's waits.
+// depth and wait by priority; tokens/s and requests/s per model; the CPU tier's RAM) and
+// lists the marks in words; the Requests panel lists GET /api/v1/requests and each client's
+// waits.
 // A server without either route answers 404: the panel says so and the page carries on.
 
 const READ_EVERY_MS = 5000;
@@ -173,6 +174,13 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
     figures.push(lineChart("Queue wait by priority, seconds", "wait", t,
       history.queue?.wait_s || {}, (priority) => `priority ${priority}`));
     figures.push(lineChart("Tokens/s per model", "tokens", t, tokens, (id) => `${id} tok/s`));
+    const requests = Object.fromEntries(Object.entries(history.models || {})
+      .map(([id, m]) => [id, m.requests_per_s || []]));
+    figures.push(lineChart("Requests/s per model", "requests", t, requests, (id) => `${id} req/s`));
+    if ((history.cpu_tier_mb || []).some((mb) => mb > 0)) {  // only where something was parked
+      figures.push(lineChart("CPU-tier RAM, MB", "cpu-tier", t, {"CPU tier": history.cpu_tier_mb},
+        (label) => label));
+    }
     figures.push(markList(marks));
     $("#timeline-charts").replaceChildren(...figures);
   }

@@ -451,16 +451,22 @@ def test_timeline_draws_vram_by_holder_marks_in_order_and_live(page, server):
     assert [x for *_, x in marks] == sorted(x for *_, x in marks) and marks[0][3] < marks[2][3]
     expect(gpu.locator(".mark[data-type='evict'] title")).to_contain_text(
         "evict · smol-a · smol-b needed the room")
-    for chart in ("queue", "tokens"):  # two priorities, two models
+    for chart in ("queue", "wait", "tokens", "requests"):  # two priorities, two models
         expect(page.locator(f"#timeline-charts figure[data-chart='{chart}'] path.series")
                ).to_have_count(2)
     expect(page.locator("#timeline-summary")).to_contain_text("3 marks")
+    cpu_tier = page.locator("#timeline-charts figure[data-chart='cpu-tier']")
+    expect(cpu_tier).to_have_count(0)  # nothing was ever parked
 
     # live: the panel re-reads the history on its own and draws what is new
     history["marks"].append({"t": HISTORY_T[9], "type": "crash", "model": "smol-b", "gpu": 0,
                              "reason": "exit 139"})
+    history["cpu_tier_mb"] = [0] * 8 + [1500, 1500]
     expect(gpu.locator(".mark")).to_have_count(4, timeout=15_000)
     assert page.evaluate(MARKS)[-1][:2] == ["crash", "smol-b"]
+    expect(cpu_tier.locator(".legend")).to_contain_text("CPU tier: 1500")
+    newest = page.locator(".marks-list li").first  # in words, newest first
+    expect(newest).to_contain_text("smol-b crashed on GPU 0 — exit 139")
 
 
 def test_timeline_caps_the_points_it_draws(page, server):
