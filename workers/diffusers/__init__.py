@@ -10,13 +10,15 @@ id (or every admitted one). ``POST /shutdown`` and SIGTERM stop the worker; it a
 its parent (PR_SET_PDEATHSIG and ``--parent-pid``).
 
 Modules: ``app`` (routes), ``pipeline`` (the holder and its states), ``generation`` (one
-generation), ``tickets`` (admission and cancellation), ``loader`` (from_pretrained),
-``memory`` (offload strategies, the VAE policy, memory probes), ``options`` (the command
-line), ``process`` (lifetime), ``errors``, ``schemas``.
+generation), ``tickets`` (admission and cancellation: the shared ``workers.tickets`` book with
+this worker's refusals), ``loader`` (from_pretrained), ``memory`` (offload strategies, the VAE
+policy, memory probes), ``options`` (the command line), ``errors``, ``schemas``; process
+lifetime is the shared ``workers.process``.
 """
 
 from __future__ import annotations
 
+from ..tickets import CancelOutcome, Ticket
 from .app import create_app
 from .errors import WorkerError
 from .generation import Generator
@@ -24,7 +26,7 @@ from .loader import LoadedPipeline, load_pipeline
 from .options import WorkerOptions, parse_args
 from .pipeline import TRANSITIONS, PipelineHolder, PipelineState, check_transition
 from .schemas import CancelRequest, GenerateRequest
-from .tickets import CancelOutcome, Ticket, TicketBook
+from .tickets import TicketBook
 
 __all__ = [
     "TRANSITIONS",

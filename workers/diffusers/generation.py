@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from ..tickets import CancelOutcome, Ticket
 from .errors import CudaOutOfMemory, GenerationFailed, WorkerError
 from .loader import LoadedPipeline
 from .memory import (
@@ -26,7 +27,6 @@ from .memory import (
 from .options import WorkerOptions
 from .pipeline import PipelineHolder
 from .schemas import GenerateRequest
-from .tickets import CancelOutcome, Ticket
 
 log = logging.getLogger(__name__)
 QUEUE_POLL_S = 0.05  # how often a queued generation looks at its ticket

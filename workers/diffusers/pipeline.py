@@ -19,6 +19,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from ..tickets import Ticket
 from .errors import (
     Busy,
     CudaOutOfMemory,
@@ -32,7 +33,7 @@ from .errors import (
 from .loader import LoadedPipeline, LoadProgress
 from .memory import Offload, cuda_report, release_cuda_cache, rss_mb
 from .options import WorkerOptions
-from .tickets import Ticket, TicketBook
+from .tickets import TicketBook
 
 log = logging.getLogger(__name__)
 

@@ -45,10 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from ..auth import require_key
 from ..spare import InvalidOptions, LoadRequest
+from ..tickets import Ticket
 from . import speech
 from .audio import AudioError, Encoder, decode
 from .batcher import Batcher
-from .cancel import Cancelled, Ticket, Tickets
+from .cancel import Cancelled, Tickets
 from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
 from .options import load_args

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cancel import Cancelled, Ticket
+from ..tickets import Ticket
+from .cancel import Cancelled
 
 
 @dataclass(slots=True)
