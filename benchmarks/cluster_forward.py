@@ -31,13 +31,14 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, wait_for
+from benchmarks.harness import BenchServer, check_sides, coordinator_side, wait_for
 from benchmarks.proxy_overhead import (
     KEY,
     Row,
     first_chunk,
     latencies,
     load_args,
+    load_settings,
     loaded,
     pct,
     request_bytes,
@@ -112,12 +113,20 @@ def main() -> None:
             a = member(Path(tmp), "a", redis.url, manifests)
             b = member(Path(tmp), "b", redis.url, manifests)
             servers += [a.start(60), b.start(60)]
+            served = {"direct": {}, "forward": {}}
             for model in ("claude:fake", "claude:slow"):  # warm on B, then A forwards to B
-                assert served_by(b, model) == "b"
+                served["direct"][model] = served_by(b, model)
+                assert served["direct"][model] == "b"
                 wait_for(lambda m=model: any(
                     p["host_id"] == "b" and p["state"] == "ready" for p in httpx.get(
                         a.url + "/api/v1/cluster").json()["models"].get(m, [])), timeout=20)
-                assert served_by(a, model) == "b"
+                served["forward"][model] = served_by(a, model)
+                assert served["forward"][model] == "b"
+            load = load_settings(args)
+            check_sides({  # the member a request enters by (its host_id) is what differs
+                side: coordinator_side(entry, **load, served_by=",".join(
+                    f"{m}@{h}" for m, h in served[side].items()))
+                for side, entry in (("direct", b), ("forward", a))}, measured=["host_id"])
             rows = asyncio.run(measure(args, a, b))
         finally:
             for server in servers:

@@ -29,7 +29,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, wait_for, worker_health
+from benchmarks.harness import (
+    BenchServer,
+    coordinator_side,
+    print_sides,
+    same_except,
+    wait_for,
+    worker_health,
+)
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}], "log_level": "WARNING"}
@@ -55,7 +62,9 @@ def ready_spare(server: BenchServer) -> dict | None:
 def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
     manifest = {"id": "sd", "category": "diffusion", "backend": "diffusers", "path": str(path),
                 "vram_mb": 3000}
-    server = BenchServer(workdir, dict(GPU, spare_workers=spare), [manifest]).start()
+    server = BenchServer(workdir, dict(GPU, spare_workers=spare), [manifest])
+    side = coordinator_side(server, loads=rounds, request=IMAGE)
+    server.start()
     requests, spares, worker_loads = [], [], []
     try:
         for _ in range(rounds):
@@ -74,7 +83,7 @@ def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool) -> dict:
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
     finally:
         server.stop()
-    return {"loaded": [e["seconds"] for e in events if e["type"] == "loaded"],
+    return {"side": side, "loaded": [e["seconds"] for e in events if e["type"] == "loaded"],
             "request": requests, "worker_load": worker_loads,
             "used": sum(e["type"] == "spare_taken" for e in events),
             "spare_ready": [e["seconds"] for e in events if e["type"] == "spare_ready"],
@@ -97,6 +106,16 @@ def main() -> None:
         warm = med(warm_from_pretrained(path, args.rounds * 2))
         cold = cold_starts(root / "cold", path, args.rounds, spare=False)
         spare = cold_starts(root / "spare", path, args.rounds, spare=True)
+    sides = {"warm from_pretrained": {"loader": "this process, imports done",
+                                      "sd.path": str(path), "loads": args.rounds * 2},
+             "cold, no spare": cold["side"], "cold, spare": spare["side"]}
+    print("sides compared (the warm load runs in this process; the cold ones differ only in "
+          "spare_workers):")
+    print_sides(sides, sep="=")
+    same_except({"warm": {"pipeline": str(path)}, "cold": {"pipeline": cold["side"]["sd.path"]},
+                 "spare": {"pipeline": spare["side"]["sd.path"]}})
+    same_except({"cold, no spare": cold["side"], "cold, spare": spare["side"]},
+                ["spare_workers"])
     assert spare["used"] == args.rounds, f"the spare took {spare['used']} of {args.rounds} loads"
     print(f"diffusion cold start, pipeline of {size_mb:.0f} MB, CPU only (declared GPU), "
           f"{args.rounds} loads each; medians")

@@ -21,14 +21,18 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, print_sides
+from benchmarks.harness import BenchServer, check_sides, coordinator_side
 from tests.gguf_fixtures import write_gguf
 
 
+def coordinator(workdir: Path, models: Path) -> BenchServer:
+    return BenchServer(workdir, {"discover": True, "models_dir": str(models),
+                                 "gpus": [{"index": 0, "name": "sim", "vram_mb": 8192}],
+                                 "use_nvml": False}, [])
+
+
 def start_seconds(workdir: Path, models: Path, expected: int) -> float:
-    server = BenchServer(workdir, {"discover": True, "models_dir": str(models),
-                                   "gpus": [{"index": 0, "name": "sim", "vram_mb": 8192}],
-                                   "use_nvml": False}, [])
+    server = coordinator(workdir, models)
     started = time.perf_counter()
     server.start(timeout=60)
     try:
@@ -59,6 +63,10 @@ def main() -> None:
         write_gguf(folder / f"model-{i:03}-Q4_K_M.gguf", context=8192, vocab=args.vocab,
                    blocks=30)
     size_mb = sum(p.stat().st_size for p in full.rglob("*.gguf")) / 2**20
+    check_sides({name: coordinator_side(coordinator(root / "sides" / name, models),
+                                        gguf_files=len(list(models.rglob("*.gguf"))))
+                 for name, models in (("empty folder", empty), ("full folder", full))},
+                ["models_dir", "gguf_files"])
     scans, baseline, with_files = [], [], []
     for round_ in range(args.rounds):
         started = time.perf_counter()
@@ -77,8 +85,6 @@ def main() -> None:
     print(f"| {args.files} files | {files:.2f} | {files / base:.2f}× |")
     print(f"\ndiscovery alone (scan + {args.files} header reads, in process): "
           f"{statistics.median(scans) * 1000:.0f} ms median")
-    print_sides({"both": {"discover": True, "watch": True, "gpus": "declared 8192 MB",
-                          "nvml": "off"}})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, print_sides
+from benchmarks.harness import BenchServer, check_sides, coordinator_side
 from tests.conftest import worker_health
 from tests.transformers_fixtures import WORDS, build_embedder
 
@@ -65,6 +65,19 @@ def main() -> None:
         [{"id": "mini", "backend": "transformers", "category": "embedding",
           "path": str(model_dir), "vram_mb": 500, "batch_size": CLIENTS,
           "max_batch_wait_ms": args.wait_ms}])
+    import torch
+
+    mb = coordinator_side(server)
+    check_sides({  # each process's torch takes its thread count from OMP_NUM_THREADS
+        "baseline": {"path": "one encode() in this process", "model": str(model_dir),
+                     "batch_size": CLIENTS, "sentences": CLIENTS, "device": "cpu",
+                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
+        "model-boss": {"path": f"{CLIENTS} concurrent requests, dynamic batching "
+                               f"(max_batch_wait_ms {mb['mini.max_batch_wait_ms']})",
+                       "model": mb["mini.path"], "batch_size": mb["mini.batch_size"],
+                       "sentences": CLIENTS, "device": "cpu",
+                       "OMP_NUM_THREADS": server.env.get("OMP_NUM_THREADS", "unset")}},
+        ["path"], f"sides compared (torch threads here: {torch.get_num_threads()})")
     server.start(timeout=60)
     try:
         asyncio.run(through(server.url, sentences(0)))  # load and warm
@@ -89,13 +102,6 @@ def main() -> None:
     print(f"| encode() in one process (baseline) | {base:.0f} | 1.00× |")
     print(f"| model-boss, {CLIENTS} concurrent requests | {served:.0f} | {served / base:.2f}× |")
     print(f"\nworker batches: {health.get('batches')}, largest {health.get('largest_batch')}")
-    import torch
-
-    threads = {"torch_threads": torch.get_num_threads(),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}
-    print_sides({"baseline": {"device": "cpu", "batch_size": CLIENTS, **threads},
-                 "model-boss": {"device": "cpu (declared GPU)", "batch_size": CLIENTS, **threads,
-                                "max_batch_wait_ms": args.wait_ms}})
 
 
 if __name__ == "__main__":

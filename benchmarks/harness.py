@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conftest import DEMO_GGUF, ServerProcess, free_port, wait_for, worker_health
 
-__all__ = ["DEFAULT_THREADS", "DEMO_GGUF", "BenchServer", "demo_manifest", "free_port",
-           "llama_flags", "print_sides", "same_except", "wait_for", "worker_argv",
-           "worker_health", "worker_process"]
+__all__ = ["DEFAULT_THREADS", "DEMO_GGUF", "BenchServer", "check_sides", "coordinator_side",
+           "demo_manifest", "free_port", "llama_flags", "print_sides", "same_except",
+           "wait_for", "worker_argv", "worker_health", "worker_process"]
 
 # llama.cpp's own default: one thread per core it counts; said out loud so both sides of a
 # comparison can be given the same number, and printed
@@ -32,6 +33,8 @@ DEFAULT_THREADS = os.cpu_count() or 1
 PERFORMANCE_FLAGS = ("--model", "--ctx-size", "--parallel", "--threads", "--threads-batch",
                      "--batch-size", "--ubatch-size", "--n-gpu-layers", "--flash-attn",
                      "--cache-type-k", "--cache-type-v", "--cont-batching")
+# a coordinator's settings that say where it runs, not how: left out of its side
+WHERE = ("host", "port", "manifests", "state_dir")
 
 
 class BenchServer(ServerProcess):
@@ -87,8 +90,31 @@ def same_except(sides: Mapping[str, Mapping[str, Any]], measured: Iterable[str] 
         raise SystemExit(f"the sides compared differ in more than what is measured:\n{lines}")
 
 
-def print_sides(sides: Mapping[str, Mapping[str, Any]]) -> None:
-    """Each side's configuration, under its table."""
+def print_sides(sides: Mapping[str, Mapping[str, Any]], sep: str = " ") -> None:
+    """Each side's configuration, one line a side."""
     for name, settings in sides.items():
-        shown = " ".join(f"{k} {v}" for k, v in sorted(settings.items()))
-        print(f"  {name}: {shown}")
+        shown = " ".join(f"{k}{sep}{v}" for k, v in sorted(settings.items()))
+        print(f"  {name}: {shown}", flush=True)
+
+
+def check_sides(sides: Mapping[str, Mapping[str, Any]], measured: Iterable[str] = (),
+                title: str = "sides compared") -> None:
+    """Print each side's configuration (before the table), then :func:`same_except`."""
+    measured = list(measured)
+    print(f"{title}, differing only in {', '.join(measured) or 'nothing'}:", flush=True)
+    print_sides(sides, sep="=")
+    same_except(sides, measured)
+
+
+def coordinator_side(server: ServerProcess, **more: Any) -> dict[str, Any]:
+    """What a coordinator was really given, as one flat side: its config file's settings
+    (less where it listens and keeps state; each GPU as its memory), every field of every
+    manifest it loads (as ``id.field``) and the checkout whose code it runs."""
+    settings = yaml.safe_load(server.config_path.read_text())
+    side: dict[str, Any] = {k: v for k, v in settings.items() if k not in WHERE}
+    if "gpus" in side:
+        side["gpus"] = "+".join(f"{gpu.get('vram_mb')}MB" for gpu in side["gpus"])
+    for path in sorted((server.workdir / "manifests").glob("*.yaml")):
+        manifest = yaml.safe_load(path.read_text())
+        side.update({f"{manifest['id']}.{k}": v for k, v in manifest.items() if k != "id"})
+    return {**side, "code": str(server.checkout), **more}

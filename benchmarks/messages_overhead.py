@@ -25,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import (
     DEFAULT_THREADS,
     BenchServer,
+    check_sides,
     demo_manifest,
     llama_flags,
-    print_sides,
+    same_except,
     worker_argv,
     worker_process,
 )
@@ -62,6 +63,7 @@ def main() -> None:
             via = httpx.Client(base_url=server.url, timeout=60)
             via.post("/v1/chat/completions", json={"model": "smol", **BODIES[
                 "/v1/chat/completions"]}).raise_for_status()  # loaded
+            flags = llama_flags(worker_argv(server, "smol"))
             port = server.status()["slots"][0]["port"]
             key = worker_process(server, "smol").environ()["LLAMA_API_KEY"]
             direct = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
@@ -69,11 +71,21 @@ def main() -> None:
             sides = [(route, stream, name, client) for route in BODIES
                      for stream in (False, True)
                      for name, client in (("model-boss", via), ("direct", direct))]
+            compared = {  # every side asks the one worker, whole and streamed, in turns
+                f"{route} {name}": {"route": route, "path": name,
+                                    "base_url": str(client.base_url), "body": BODIES[route],
+                                    "requests": args.requests, **flags,
+                                    "worker": f"127.0.0.1:{port}"}
+                for route in BODIES for name, client in (("model-boss", via),
+                                                         ("direct", direct))}
+            check_sides(compared, ["route", "body", "path", "base_url"])
+            for route in BODIES:  # each route's own two sides: only the path differs
+                same_except({k: v for k, v in compared.items() if v["route"] == route},
+                            ["path", "base_url"])
             times: dict[tuple, list[float]] = {side[:3]: [] for side in sides}
             for _ in range(args.requests):  # in turns, so noise falls on every side alike
                 for route, stream, name, client in sides:
                     times[(route, stream, name)].append(timed(client, route, stream))
-            flags = llama_flags(worker_argv(server, "smol"))
         finally:
             server.stop()
     med = {side: statistics.median(values) * 1000 for side, values in times.items()}
@@ -93,8 +105,6 @@ def main() -> None:
         messages = overhead[("/v1/messages", stream)]
         print(f"messages overhead - chat overhead, {'stream' if stream else 'whole'}: "
               f"{messages - chat:+.1f} ms")
-    print("the one llama.cpp worker every side used ran with:")
-    print_sides({"worker": flags})
 
 
 if __name__ == "__main__":

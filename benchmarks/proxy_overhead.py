@@ -37,7 +37,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, free_port, wait_for
+from benchmarks.harness import BenchServer, check_sides, free_port, wait_for
 
 KEY = "bench-key"
 BODY = b'{"model":"%s","messages":[{"role":"user","content":"ping"}],"max_tokens":8}'
@@ -222,6 +222,12 @@ def load_args(doc: str | None) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def load_settings(args: argparse.Namespace) -> dict:
+    """What the load generator sends, the same to either side."""
+    return {"body": BODY.decode() % "MODEL", "requests": args.requests,
+            "seconds": args.seconds, "concurrency": args.concurrency}
+
+
 def main() -> None:
     args = load_args(__doc__)
     processes: list[subprocess.Popen] = []
@@ -241,6 +247,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             server = BenchServer(Path(tmp), {"log_level": "WARNING", **GPU}, manifests,
                                    env={"BENCH_UPSTREAM_KEY": KEY}).start()
+            load = load_settings(args)
+            check_sides({
+                "direct": {"path": "client -> upstream", "model": "remote-x",
+                           "upstream": f"http://127.0.0.1:{up_port}/v1",
+                           "slow_upstream": f"http://127.0.0.1:{slow_port}/v1", **load},
+                "proxied": {"path": "client -> model-boss -> upstream",
+                            "model": manifests[0]["remote_model"],
+                            "upstream": manifests[0]["base_url"],
+                            "slow_upstream": manifests[1]["base_url"], **load}},
+                measured=["path"])
             rows = asyncio.run(measure(args, psutil.Process(upstream.pid), up_port, slow_port,
                                        server))
             server.stop()

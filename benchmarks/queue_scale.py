@@ -32,7 +32,7 @@ import aiohttp
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, free_port, wait_for
+from benchmarks.harness import BenchServer, check_sides, coordinator_side, free_port, wait_for
 
 PARALLEL = 4
 DELAY_MS = 20.0
@@ -117,13 +117,21 @@ def main() -> None:
     finally:
         remote.terminate()
         remote.wait()
+    fixed = {"clients": CLIENTS, "answer_delay_ms": DELAY_MS}
+    if runs:
+        check_sides({name: {**side, **fixed, "sizes": args.sizes}
+                     for name, (side, _) in runs.items()}, ["code"], "coordinators compared")
+    if over:
+        check_sides({name: {**side, **fixed, "burst": args.burst}
+                     for name, (side, _) in over.items()}, ["code"],
+                    "coordinators compared over the default limits")
     print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
           f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
           f"({psutil.cpu_count()} cores)\n")
     print("| coordinator | N | wall, s | x ideal | coordinator CPU ms/request | client | "
           "stand-in | coordinator RSS growth, KB/request |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, rows in runs.items():
+    for name, (_, rows) in runs.items():
         for n, wall, ratio, coord_ms, client_ms, remote_ms, kb in rows:
             print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | "
                   f"{client_ms:.2f} | {remote_ms:.2f} | {kb:.1f} |")
@@ -133,14 +141,15 @@ def main() -> None:
         print("| coordinator | served | refused with 429 | with Retry-After | wall, s | "
               "coordinator CPU ms/request, served or refused |")
         print("|---|---:|---:|---:|---:|---:|")
-        for name, (n, wall, refused, hinted, cpu_ms) in over.items():
+        for name, (_, (n, wall, refused, hinted, cpu_ms)) in over.items():
             print(f"| {name} | {n - refused:,} | {refused:,} | {hinted:,} | {wall:.1f} | "
                   f"{cpu_ms:.2f} |")
 
 
-def limited(port: int, n: int, checkout: Path | None) -> tuple[int, float, int, int, float]:
-    """A burst over the default queue limits: how many are refused, how fast, at what CPU
-    (``checkout``'s code when given)."""
+def limited(port: int, n: int, checkout: Path | None
+            ) -> tuple[dict, tuple[int, float, int, int, float]]:
+    """A burst over the default queue limits: the coordinator's side, then how many are
+    refused, how fast, at what CPU (``checkout``'s code when given)."""
     with tempfile.TemporaryDirectory() as tmp:
         server = BenchServer(Path(tmp), {"log_level": "WARNING"},
                              [{"id": "remote", "backend": "cloud", "category": "llm",
@@ -148,6 +157,7 @@ def limited(port: int, n: int, checkout: Path | None) -> tuple[int, float, int, 
                                "base_url": f"http://127.0.0.1:{port}/v1"}])
         if checkout is not None:
             server.checkout = checkout
+        side = coordinator_side(server)
         try:
             server.start()
             coordinator = psutil.Process(server.proc.pid)
@@ -159,12 +169,12 @@ def limited(port: int, n: int, checkout: Path | None) -> tuple[int, float, int, 
         finally:
             server.stop()
     assert {status for status, _ in refusals} <= {429}, refusals[:3]
-    return n, wall, len(refusals), sum(1 for _, hint in refusals if hint), cpu_ms
+    return side, (n, wall, len(refusals), sum(1 for _, hint in refusals if hint), cpu_ms)
 
 
 def measure(port: int, upstream: psutil.Process, sizes: list[int],
-            checkout: Path | None) -> list[tuple]:
-    """Each N in turn on a fresh coordinator (``checkout``'s code when given)."""
+            checkout: Path | None) -> tuple[dict, list[tuple]]:
+    """Each N in turn on a fresh coordinator (``checkout``'s code when given); its side."""
     biggest = max(sizes)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,6 +186,7 @@ def measure(port: int, upstream: psutil.Process, sizes: list[int],
               "base_url": f"http://127.0.0.1:{port}/v1"}])
         if checkout is not None:
             server.checkout = checkout
+        side = coordinator_side(server)
         try:
             server.start()
             coordinator, me = psutil.Process(server.proc.pid), psutil.Process()
@@ -190,7 +201,7 @@ def measure(port: int, upstream: psutil.Process, sizes: list[int],
                 rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per, grown_kb))
         finally:
             server.stop()
-    return rows
+    return side, rows
 
 
 def _up(port: int) -> bool:

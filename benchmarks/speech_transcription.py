@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, print_sides
+from benchmarks.harness import BenchServer, check_sides, coordinator_side
 from tests.transformers_fixtures import build_recogniser, speech_clip
 
 
@@ -46,6 +46,17 @@ def main() -> None:
         "gpus": [{"index": 0, "name": "sim", "vram_mb": 8192}], "use_nvml": False},
         [{"id": "ears", "backend": "transformers", "category": "stt", "path": str(model_dir),
           "vram_mb": 500}])
+    mb = coordinator_side(server)
+    clip_settings = {"clip": f"{args.seconds:g} s mp3", "clip_bytes": len(clip),
+                     "timestamps": "word", "device": "cpu"}
+    check_sides({  # each process's torch takes its thread count from OMP_NUM_THREADS
+        "baseline": {"path": "PyAV decode + pipeline in this process", "model": str(model_dir),
+                     **clip_settings,
+                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
+        "model-boss": {"path": "/v1/audio/transcriptions verbose_json", "model": mb["ears.path"],
+                       **clip_settings,
+                       "OMP_NUM_THREADS": server.env.get("OMP_NUM_THREADS", "unset")}},
+        ["path"], f"sides compared (torch threads here: {torch.get_num_threads()})")
     server.start(timeout=60)
 
     def through() -> float:
@@ -79,11 +90,6 @@ def main() -> None:
     print("|---|---:|---:|")
     print(f"| pipeline called directly (baseline) | {b:.3f} | 1.00× |")
     print(f"| model-boss `/v1/audio/transcriptions` | {v:.3f} | {v / b:.2f}× |")
-    threads = {"torch_threads": torch.get_num_threads(),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")}
-    print_sides({"baseline": {"device": "cpu", "timestamps": "word", **threads},
-                 "model-boss": {"device": "cpu (declared GPU)", "timestamps": "word",
-                                **threads}})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer, worker_health
+from benchmarks.harness import (
+    BenchServer,
+    coordinator_side,
+    print_sides,
+    same_except,
+    worker_health,
+)
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
 
 GPU = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}], "log_level": "WARNING",
@@ -62,6 +68,7 @@ def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
     server = BenchServer(workdir, config, [manifest(m, p) for m, p in paths.items()])
     if checkout is not None:
         server.checkout = checkout
+    side = coordinator_side(server, switches=switches, warm_requests=WARM_REQUESTS)
     server.start()
     times, warm, loads = [], [], []
     try:
@@ -79,7 +86,7 @@ def run(workdir: Path, paths: dict[str, Path], switches: int, cpu_tier: bool,
     finally:
         server.stop()
     offloaded = [e for e in events if e["type"] == "offloaded"]
-    return {"switch": times, "warm": warm, "from_pretrained": loads,
+    return {"side": side, "switch": times, "warm": warm, "from_pretrained": loads,
             "to_cpu": [e.get("worker_seconds", e["seconds"]) for e in offloaded],
             "offload": [e["seconds"] for e in offloaded],
             "to_device": [e["worker_seconds"] for e in events if e["type"] == "onloaded"],
@@ -128,6 +135,15 @@ def main() -> None:
                 checkout=args.before.resolve())
         cold = None if args.skip_cold else run(root / "cold", paths, args.switches,
                                                 cpu_tier=False)
+    sides = {name: result["side"] for name, result in runs.items()}
+    if cold is not None:
+        sides["CPU tier off"] = cold["side"]
+    print("sides compared (the CPU tier's code differs, or max_offloaded_mb 0 turns it off):")
+    print_sides({k: dict(v, width=args.width) for k, v in sides.items()}, sep="=")
+    for name in sides:
+        if name != "this code":
+            same_except({"this code": sides["this code"], name: sides[name]},
+                        ["max_offloaded_mb"] if name == "CPU tier off" else ["code"])
     print(f"A->B->A switching, {args.switches} switches per run, pipelines of {size_mb:.0f} MB, "
           "CPU only (declared GPU), reclaim_sleep_s 2 (default), no spare worker; medians, seconds")
     print(f"{'CPU-tier switch':<22}{'observed':>10}{'generation':>12}{'switch cost':>13}"

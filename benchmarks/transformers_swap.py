@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.harness import BenchServer
+from benchmarks.harness import BenchServer, check_sides, coordinator_side
 from tests.transformers_fixtures import build_embedder, build_recogniser, speech_clip
 
 GPU = {"gpus": [{"index": 0, "name": "sim-2g", "vram_mb": 2048}], "log_level": "WARNING",
@@ -50,6 +50,7 @@ def run(workdir: Path, manifests: list[dict], switches: int, cpu_tier: bool,
         clip: bytes) -> dict:
     config = dict(GPU, **({} if cpu_tier else {"max_offloaded_mb": 0}))
     server = BenchServer(workdir, config, manifests)
+    side = coordinator_side(server, switches=switches, warm_requests=WARM, clip_bytes=len(clip))
     server.start(timeout=120)
     switch: dict[str, list[float]] = {"embed": [], "ears": []}
     warm: dict[str, list[float]] = {"embed": [], "ears": []}
@@ -64,7 +65,7 @@ def run(workdir: Path, manifests: list[dict], switches: int, cpu_tier: bool,
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
     finally:
         server.stop()
-    return {"switch": switch, "warm": warm,
+    return {"side": side, "switch": switch, "warm": warm,
             "to_cpu": [e["worker_seconds"] for e in events if e["type"] == "offloaded"],
             "to_device": [e["worker_seconds"] for e in events if e["type"] == "onloaded"],
             "cold": [e["seconds"] for e in events if e["type"] == "loaded"]}
@@ -90,6 +91,7 @@ def main() -> None:
         clip = speech_clip(2, "wav")
         tier = run(root / "tier", manifests, args.switches, True, clip)
         cold = run(root / "cold", manifests, args.switches, False, clip)
+    check_sides({"CPU tier": tier["side"], "CPU tier off": cold["side"]}, ["max_offloaded_mb"])
     raw = med(tier["to_cpu"]) + med(tier["to_device"])
     print(f"\nembedder <-> recogniser switching, {args.switches} switches per run, CPU only "
           "(declared GPU holding one), no spare worker; medians, seconds\n")

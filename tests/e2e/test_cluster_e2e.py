@@ -214,7 +214,7 @@ def test_a_job_cancelled_on_one_member_stops_where_it_runs(members):
     a, b = members["a"], members["b"]
     # every member sees m2 warm on b (the Redis restart before may have left a view behind)
     wait_for(lambda: all(where(s, "m2") == {"b": "ready"} for s in members.values()),
-             timeout=10)
+             timeout=10, what=lambda: {n: where(s, "m2") for n, s in members.items()})
     body = chat("m2", max_tokens=1000, ignore_eos=True, x_client_id="cancel-me")
     job = httpx.post(a.url + "/api/v1/jobs", timeout=10,
                      json={"endpoint": "/v1/chat/completions", "body": body}).json()
@@ -225,17 +225,17 @@ def test_a_job_cancelled_on_one_member_stops_where_it_runs(members):
         seen.append(httpx.get(job_url, timeout=10).json())
         return seen[-1]["status"] == "running"
 
-    try:
-        wait_for(running, timeout=30)
-    except AssertionError:
-        raise AssertionError(f"the job never ran; last seen: {seen[-1:]}") from None
-    assert httpx.get(job_url, timeout=10).json()["member"] == "b"  # m2 is warm there
+    wait_for(running, timeout=30, what=lambda: {"the job never ran": seen[-1:]})
+    ran = httpx.get(job_url, timeout=10).json()
+    assert ran["member"] == "b", ran  # m2 is warm there
     assert httpx.delete(job_url, timeout=10).json()["status"] == "cancelled"
 
     def stopped_on_b() -> bool:
         stats = {c["client_id"]: c for c in b.status()["queue"]["clients"]}
         return stats["cancel-me"]["in_flight"] == 0
-    wait_for(stopped_on_b, timeout=10)
+    wait_for(stopped_on_b, timeout=10, what=lambda: {
+        "b's queue clients": b.status()["queue"]["clients"],
+        "job": httpx.get(job_url, timeout=10).json()})
     assert httpx.get(job_url, timeout=10).json()["status"] == "cancelled"
 
 
