@@ -4,6 +4,7 @@ leases | simulate``: what each command does (the parser, its help and examples: 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -35,12 +36,29 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"model-boss: configuration error: {exc.message}", file=sys.stderr)
         return 2
+    quiet_collector()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own lines (an access line per request among them) follow log_level too
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=logging.getLogger().level,
                 timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
     return 0
+
+
+# Collect the youngest objects every this many allocations (Python's default: 700). A
+# request allocates a few hundred tracked objects, and thousands may wait at once: at the
+# default, collections (and the full ones they trigger) took a fifth of the coordinator's CPU.
+YOUNG_COLLECTION_EVERY = 20_000
+
+
+def quiet_collector() -> None:
+    """Keep the cyclic garbage collector off the objects that live as long as the daemon
+    (modules, the app, settings, schemas: frozen, never scanned again) and run it less often;
+    reference counting frees a request's objects either way."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, older, oldest)
 
 
 def _url(args: argparse.Namespace) -> str:
