@@ -46,9 +46,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 # Collect the youngest objects every this many allocations (Python's default: 700). A
-# request allocates a few hundred tracked objects, and thousands may wait at once: at the
-# default, collections (and the full ones they trigger) took a fifth of the coordinator's CPU.
-YOUNG_COLLECTION_EVERY = 20_000
+# request allocates a few hundred tracked objects and thousands may wait at once: with 1,000
+# waiting, the default's collections (and the full ones they set off) took 0.4 ms of the
+# coordinator's 1.6 ms of CPU per request; frozen and at 5,000, 0.1 ms (docs/BENCHMARKS.md,
+# queue_scale.py). 20,000 collects less often but longer, and no cheaper in all.
+YOUNG_COLLECTION_EVERY = 5_000
 
 
 def quiet_collector() -> None:

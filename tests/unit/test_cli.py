@@ -172,3 +172,21 @@ def test_leases_acquire_sends_its_holder_and_note(monkeypatch, capsys):
                      {"vram_mb": 3000, "kind": "training", "holder": "trainer-7",
                       "note": "nightly"})]
     assert '"lease-1"' in capsys.readouterr().out
+
+
+def test_serve_keeps_the_collector_off_what_lives_as_long_as_the_daemon():
+    """Before serving, what exists is frozen (never scanned again) and the youngest objects
+    are collected less often than Python's default; nothing else of the collector changes."""
+    import gc
+
+    from model_boss.cli import YOUNG_COLLECTION_EVERY, quiet_collector
+
+    threshold = gc.get_threshold()
+    try:
+        quiet_collector()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_COLLECTION_EVERY, *threshold[1:])
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
