@@ -4,9 +4,10 @@ request carries ``Authorization: Bearer <key>`` (the coordinator's per-worker se
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
 
 
@@ -15,10 +16,19 @@ def require_key(app: FastAPI, api_key: str | None, refusal: Callable[[], Respons
         return
     expected = f"Bearer {api_key}".encode()
 
-    @app.middleware("http")
-    async def _authorize(request: Request,
-                         call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, expected):
-            return refusal()
-        return await call_next(request)
+    class _Authorize:
+        # plain ASGI: FastAPI's ``@app.middleware("http")`` wraps every request and answer in
+        # task groups and memory streams, about half the event loop's CPU for a one-sentence
+        # embedding request (benchmarks/embeddings_batching.py)
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+                if not secrets.compare_digest(given, expected):
+                    await refusal()(scope, receive, send)
+                    return
+            await self.inner(scope, receive, send)
+
+    app.add_middleware(_Authorize)

@@ -72,7 +72,9 @@ class Batcher:
                 try:
                     ask = await asyncio.wait_for(self._queue.get(), left)
                 except TimeoutError:
-                    break
+                    # the wait's end yields to the loop, where requests that came in time are
+                    # queued: they join (a get_nowait above), the deadline then ends the batch
+                    continue
             if not ask.done.done():
                 asks.append(ask)
                 count += len(ask.items)
