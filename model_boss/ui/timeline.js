@@ -160,7 +160,9 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       $("#timeline-charts").replaceChildren();
       return;
     }
-    const marks = (history.marks || []).filter((m) => m.t >= t[0]).sort((a, b) => a.t - b.t);
+    // every mark of the window, one before the first point too (a load as the server started):
+    // the charts draw it at their left edge
+    const marks = [...(history.marks || [])].sort((a, b) => a.t - b.t);
     const models = new Set(Object.keys(history.models || {}));
     summary.textContent = `The last ${fmtDuration(t[t.length - 1] - t[0])}, one point every ` +
       `${history.step_s} s · ${marks.length} mark${marks.length === 1 ? "" : "s"}`;
