@@ -279,13 +279,17 @@ def test_chat_job_submit_poll_list(server):
 def test_job_cancel_and_errors(server):
     long = httpx.post(server.url + "/api/v1/jobs", json={
         "endpoint": "/v1/completions",
-        "body": {"model": "smol", "max_tokens": 1500, "prompt": "Once upon a time"}}).json()
+        # a story the model may end early would finish the job before it is cancelled
+        "body": {"model": "smol", "max_tokens": 1500, "prompt": "Once upon a time",
+                 "ignore_eos": True}}).json()
     poll_job(server, long["id"], until=("running",), timeout=60)
+
+    def job() -> dict:
+        return httpx.get(f"{server.url}/api/v1/jobs/{long['id']}").json()
+
     # its progress: the tokens generated so far, growing while it runs
-    first = wait_for(lambda: httpx.get(f"{server.url}/api/v1/jobs/{long['id']}").json()[
-        "progress"].get("tokens"), timeout=30)
-    wait_for(lambda: httpx.get(f"{server.url}/api/v1/jobs/{long['id']}").json()[
-        "progress"]["tokens"] > first, timeout=30)
+    first = wait_for(lambda: job()["progress"].get("tokens"), timeout=30, what=job)
+    wait_for(lambda: job()["progress"]["tokens"] > first, timeout=30, what=job)
     cancelled = httpx.delete(f"{server.url}/api/v1/jobs/{long['id']}").json()
     assert cancelled["status"] == "cancelled"
     wait_for(lambda: all(s["active_requests"] == 0 for s in server.status()["slots"]),
