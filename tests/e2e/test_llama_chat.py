@@ -342,7 +342,7 @@ def test_events_stream_and_cli(server):
 
 
 def test_stream_client_that_goes_away_frees_the_slot(server):
-    body = {"model": "smol", "stream": True, "max_tokens": 2000,
+    body = {"model": "smol", "stream": True, "max_tokens": 2000, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                       timeout=60) as response:
