@@ -72,6 +72,21 @@ class ServerProcess:
         self.checkout = ROOT  # the code it runs (a benchmark may run another checkout's)
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Start it and wait for its ``/health``. Its port was free when chosen, but another
+        test's worker may take it before the coordinator binds it (and answer ``/health``
+        itself): the answer must be a coordinator's, and a coordinator that found its port
+        taken is started again on another."""
+        for _attempt in range(3):
+            if self._start_once(timeout):
+                return self
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            settings = yaml.safe_load(self.config_path.read_text())
+            self.config_path.write_text(yaml.safe_dump({**settings, "port": self.port}))
+        raise RuntimeError(f"server found its port taken three times:\n{self.log()}")
+
+    def _start_once(self, timeout: float) -> bool:
+        """True once it answers; False when its port was taken; raises on any other failure."""
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "model_boss", "serve", "--config", str(self.config_path)],
@@ -79,11 +94,15 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._log.close()
+                if "address already in use" in self.log().lower():
+                    return False
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
+                answer = httpx.get(self.url + "/health", timeout=1)
+                if answer.status_code == 200 and "ready" in answer.json():  # a coordinator's
+                    return True
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.1)
         self.stop()  # never leave a coordinator behind a failed start
