@@ -19,6 +19,7 @@ from .middleware import (
     EarlyForwarding,
     ErrorEnvelope,
     InternalErrors,
+    Pacing,
     QueueGate,
     with_cors,
 )
@@ -44,9 +45,9 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
-    # the last added runs first: CORS → Ollama's and Anthropic's envelopes → errors → keys and
-    # metrics → the queue's early refusals → body limits → early forwards (cluster members) →
-    # routes
+    # the last added runs first: pacing (arrivals take turns with running work) → CORS →
+    # Ollama's and Anthropic's envelopes → errors → keys and metrics → the queue's early
+    # refusals → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
                        uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
+    app.add_middleware(Pacing)
     for module in (openai, anthropic, llamacpp, ollama, admin, history, pulls, jobs, leases,
                    dashboard):
         app.include_router(module.router)

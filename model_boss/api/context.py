@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..coordinator import Coordinator
-from ..services import Served
+from ..services import Departure, Served
 
 
 def coordinator_of(request: Request) -> Coordinator:
@@ -19,11 +19,11 @@ def coordinator_of(request: Request) -> Coordinator:
 
 
 @contextlib.asynccontextmanager
-async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Event]:
-    """An event set when the client goes away, for the service to race its work against.
-    One listener per request, stopped before the response is sent (a streaming response
-    listens for itself)."""
-    gone = asyncio.Event()
+async def disconnect_watch(request: Request) -> AsyncIterator[Departure]:
+    """A :class:`Departure` set when the client goes away, cancelling the service's guarded
+    work. One listener per request, stopped before the response is sent (a streaming
+    response listens for itself)."""
+    gone = Departure()
 
     async def listen() -> None:
         while (await request.receive())["type"] != "http.disconnect":

@@ -108,11 +108,8 @@ class InferenceQueue:
         self._pending.add(request)
         heapq.heappush(self._deadlines, (request.deadline, next(self._arrivals), request))
         self.requestors.submitted(request.client_id)
-        if len(self._pending) == 1:  # nobody else waits: a READY slot with room is granted now
-            owner = self.pool.owners.get(request.model_id)
-            if owner is not None and self._has_room(request, owner) \
-                    and self._grant(request, owner):
-                return request.future.result()
+        if self._grant_head(request.model_id) and request.future.done():
+            return request.future.result()  # first in order, its READY slot has room
         waiting_on: SlotGate | None = None  # it is one waiter of its model's load
         with contextlib.suppress(ModelBossError):  # an unknown model fails in dispatch
             waiting_on = self.pool.owner(request.model_id)
@@ -244,6 +241,7 @@ class InferenceQueue:
 
     def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
         slot, request = ticket.slot, ticket.request
+        unloads = slot.unload_after_request and not slot.pinned  # keep_alive 0: it goes now
         self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
         duration = time.monotonic() - ticket.started
         if ok:
@@ -254,7 +252,23 @@ class InferenceQueue:
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
                                  client_fault=client_fault)
+        if not unloads:
+            self._grant_head(slot.model_id)
         self.wake()
+
+    def _grant_head(self, model_id: str) -> bool:
+        """Grant the first waiter in order now when it is ``model_id``'s and its READY slot
+        has room, as the next pass would first; anything else is left to the pass."""
+        walk = self._pending.lines.walk(self._warm_credits())
+        head = next(iter(walk), None)
+        if head is None or head.model_id != model_id or head.future.done() \
+                or time.time() >= head.deadline:
+            return False
+        owner = self.pool.owners.get(model_id)
+        if owner is None or owner.slot.state != SlotState.READY or any(
+                model_id in victims for victims in self._evicting.values()):
+            return False
+        return self._has_room(head, owner) and self._grant(head, owner)
 
     def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
         self._pending.discard(request)
@@ -275,7 +289,7 @@ class InferenceQueue:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, request = heapq.heappop(self._deadlines)
             if request in self._pending and not request.future.done():
-                self._fail(request, self._timeout_error(request, now))
+                self._fail(request, request.timed_out(now, self.settings.max_queue_wait_s))
 
     def _next_deadline(self) -> float | None:
         while self._deadlines and self._deadlines[0][2] not in self._pending:
@@ -296,7 +310,7 @@ class InferenceQueue:
             if request.future.done():
                 continue
             if now >= request.deadline:
-                self._fail(request, self._timeout_error(request, now))
+                self._fail(request, request.timed_out(now, self.settings.max_queue_wait_s))
                 continue
             try:
                 owner = self.pool.owner(request.model_id)
@@ -336,16 +350,6 @@ class InferenceQueue:
                 if task is not None:
                     task.add_done_callback(
                         lambda t, model=request.model_id: self._load_done(model, t))
-
-    def _timeout_error(self, request: QueuedRequest, now: float) -> ModelBossError:
-        waited = now - request.submitted_at
-        if request.budget_s is not None and request.budget_s <= self.settings.max_queue_wait_s:
-            return BudgetExceeded(
-                f"budget of {request.budget_given_s or request.budget_s:g}s for "
-                f"'{request.model_id}' ran out after "
-                f"waiting {waited:.1f}s in the queue", retry_after_s=max(1.0, request.budget_s))
-        return CapacityExceeded(f"'{request.model_id}' could not be scheduled within "
-                                f"{waited:.0f}s", retry_after_s=10)
 
     def _load_done(self, model_id: str, task: asyncio.Task) -> None:
         if self._evicting.pop(model_id, None):

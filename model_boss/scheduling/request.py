@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
 from .ordering import Lines, OrderPolicy, Waiter
 from .seams import SlotReading
 
@@ -48,6 +49,18 @@ class QueuedRequest:
         fixed on arrival, before)."""
         return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
                       self.rank)
+
+    def timed_out(self, now: float, max_queue_wait_s: float) -> ModelBossError:
+        """The error of a request still waiting at its deadline: its budget ran out, or the
+        queue's wait cap did."""
+        waited = now - self.submitted_at
+        if self.budget_s is not None and self.budget_s <= max_queue_wait_s:
+            return BudgetExceeded(
+                f"budget of {self.budget_given_s or self.budget_s:g}s for '{self.model_id}' "
+                f"ran out after waiting {waited:.1f}s in the queue",
+                retry_after_s=max(1.0, self.budget_s))
+        return CapacityExceeded(f"'{self.model_id}' could not be scheduled within "
+                                f"{waited:.0f}s", retry_after_s=10)
 
 
 class Backlog:

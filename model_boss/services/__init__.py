@@ -1,7 +1,7 @@
 """Transport-neutral services: what a request means and how it is served, apart from how it
 arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette."""
 
-from .cancel import ClientDisconnected, unless_disconnected
+from .cancel import ClientDisconnected, Departure, unless_disconnected
 from .extensions import Extensions, pop_extensions
 from .jobs import accept_job, run_job
 from .load_wait import serve_streaming
@@ -20,6 +20,7 @@ from .serving import serve
 from .validation import bad_request, parse
 
 __all__ = [
+    "Departure",
     "ENDPOINT_BODIES",
     "FILES_PATH",
     "IMAGES",

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from .cancel import Departure
 from .extensions import Extensions
 from .served import MODEL_HEADER, Adapter, Served, openai_stream_end
 from .serving import discard, serve
@@ -32,7 +33,7 @@ KEEPALIVE_S = 2.0
 
 
 async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any],
-                          ext: Extensions, *, disconnected: asyncio.Event | None = None,
+                          ext: Extensions, *, disconnected: Departure | None = None,
                           adapter: Adapter | None = None) -> Served:
     """:func:`serve`, and for ``stream: true`` the comment lines above while a load runs."""
     if not body.get("stream"):

@@ -33,7 +33,7 @@ from ..errors import (
 from ..jobs.runner import Dispatched
 from ..scheduling.queue import QueuedRequest, SlotTicket
 from ..scheduling.request_log import prompt_text
-from .cancel import unless_disconnected
+from .cancel import Departure, unless_disconnected
 from .clustered import serve_clustered
 from .extensions import Extensions
 from .native import PROPS, worker_props
@@ -67,7 +67,7 @@ CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
 LOAD_ONLY = "load"
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
-                disconnected: asyncio.Event | None = None,
+                disconnected: Departure | None = None,
                 on_dispatch: Dispatched | None = None, adapter: Adapter | None = None) -> Served:
     """Route ``body`` and serve it. ``disconnected`` (set when the caller goes away) cancels
     the work; ``on_dispatch`` is told when a slot has been granted (jobs use it); ``adapter``
@@ -126,7 +126,7 @@ def _refusal(coord: Coordinator, model_id: str, endpoint: str,
 
 
 async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
-                 disconnected: asyncio.Event | None, on_dispatch: Dispatched | None,
+                 disconnected: Departure | None, on_dispatch: Dispatched | None,
                  adapter: Adapter | None) -> Served:
     settings = coord.settings
     client_id = ext.client_id or "anonymous"
@@ -291,7 +291,7 @@ def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
 
 
 async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
-                    ext: Extensions, disconnected: asyncio.Event | None,
+                    ext: Extensions, disconnected: Departure | None,
                     on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
     if coord.cluster is None:
         return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch, adapter)
@@ -302,7 +302,7 @@ async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, A
 
 
 async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
-                      ext: Extensions, disconnected: asyncio.Event | None,
+                      ext: Extensions, disconnected: Departure | None,
                       on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
     ticket: SlotTicket = await unless_disconnected(disconnected, coord.queue.acquire(queued))
@@ -331,7 +331,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         raise
     if upstream.stream is None:
         ticket.tokens = tokens_in(upstream.body) if 200 <= upstream.status < 300 else None
-        ticket.release(ok=True)
+        ticket.release(ok=True)  # the next waiter, granted in this step, is sent on first
+        await asyncio.sleep(0)
         answer = upstream.body or b""
         if call.answer is not None and 200 <= upstream.status < 300:
             answer = call.answer(answer)

@@ -214,3 +214,39 @@ def test_a_budget_refusal_says_the_budget_as_given(budget_s, given_s, words):
     assert not decision.admitted and decision.reason.endswith(words)
     error = BudgetExceeded(decision.reason).envelope()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "budget_exceeded"
+
+
+async def test_a_freed_slot_goes_to_its_next_waiter_in_the_same_step(coord_two):
+    """The release hands the slot on itself, as the next pass would: a long queue's turns do
+    not wait for the dispatch loop's turn."""
+    coord, _ = coord_two
+    holder = await coord.queue.acquire(QueuedRequest(model_id="a", priority=5))
+    following = QueuedRequest(model_id="a", priority=5)
+    waiter = asyncio.create_task(coord.queue.acquire(following))
+    await asyncio.sleep(0.05)
+    assert not following.future.done()
+    holder.release()
+    assert following.future.done()  # granted in the release's own step, before any pass
+    assert coord.pool.slots["a"].active == 1
+    (await waiter).release()
+    assert coord.pool.slots["a"].active == 0
+
+
+async def test_a_freed_slot_is_left_to_the_pass_when_another_model_is_first(coord_two):
+    """When the first waiter in order is another model's, the release hands nothing on: the
+    pass decides (here: the freed slot's own waiter, the other model being busy)."""
+    coord, _ = coord_two
+    holder = await coord.queue.acquire(QueuedRequest(model_id="a", priority=5))
+    busy = await coord.queue.acquire(QueuedRequest(model_id="small", priority=5))
+    first, following = (QueuedRequest(model_id="small", priority=1),
+                        QueuedRequest(model_id="a", priority=5))
+    for_small = asyncio.create_task(coord.queue.acquire(first))
+    for_a = asyncio.create_task(coord.queue.acquire(following))
+    await asyncio.sleep(0.05)
+    assert [r.model_id for r in coord.queue.ordered()] == ["small", "a"]
+    holder.release()
+    assert not following.future.done()  # not in the release's step
+    (await asyncio.wait_for(for_a, 2)).release()  # the pass's
+    assert not first.future.done()
+    busy.release()
+    (await asyncio.wait_for(for_small, 2)).release()

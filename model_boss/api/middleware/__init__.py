@@ -1,4 +1,5 @@
-"""The ASGI middleware every request passes, outermost first: CORS (:mod:`.cors`), error
+"""The ASGI middleware every request passes, outermost first: arrivals taking turns with the
+work already running (:mod:`.pacing`), CORS (:mod:`.cors`), error
 answers in the route's own envelope (:mod:`.envelopes`), the last-resort 500 and API keys
 with request metrics (:mod:`.auth`, keys in :mod:`.keys`), the queue's early refusals
 (:mod:`.queue_gate`), body limits (:mod:`.limits`) and
@@ -9,7 +10,8 @@ from .cors import with_cors
 from .early_forward import EarlyForwarding
 from .envelopes import ErrorEnvelope
 from .limits import BodyLimit
+from .pacing import Pacing
 from .queue_gate import QueueGate
 
 __all__ = ["AuthAndMetrics", "BodyLimit", "EarlyForwarding", "ErrorEnvelope", "InternalErrors",
-           "QueueGate", "with_cors"]
+           "Pacing", "QueueGate", "with_cors"]

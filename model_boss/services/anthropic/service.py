@@ -5,12 +5,12 @@ validated here; any other gets it as a chat completion, its answer told back as 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..cancel import Departure
 from ..extensions import pop_extensions
 from ..load_wait import serve_streaming
 from ..served import Chunks, Served, WorkerCall
@@ -81,7 +81,7 @@ def _named(raw: bytes, model_id: str) -> bytes:
 
 async def messages(coord: Coordinator, endpoint: str,
                    request: MessagesRequest | CountTokensRequest, headers: Mapping[str, str],
-                   disconnected: asyncio.Event | None) -> Served:
+                   disconnected: Departure | None) -> Served:
     """Serve a parsed Messages body on ``endpoint``. ``metadata.user_id`` names the client
     as ``x_client_id`` does."""
     data = request.model_dump(exclude_unset=True)

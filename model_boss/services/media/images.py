@@ -3,13 +3,13 @@ with answers rewritten to file URLs when asked."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import TYPE_CHECKING
 
 import orjson
 
 from ...jobs.runner import Dispatched
+from ..cancel import Departure
 from ..extensions import Extensions
 from ..schemas import ImageRequest
 from ..served import MODEL_HEADER, Served
@@ -23,7 +23,7 @@ FILES_PATH = "/v1/images/files/"
 
 
 async def generate_images(coord: Coordinator, request: ImageRequest, ext: Extensions,
-                          base_url: str, *, disconnected: asyncio.Event | None = None,
+                          base_url: str, *, disconnected: Departure | None = None,
                           on_dispatch: Dispatched | None = None) -> Served:
     """Serve ``request``; log the worker's VAE decision; with ``response_format: url`` keep
     the PNGs and answer links under ``base_url`` instead of base64."""

@@ -5,7 +5,6 @@ or NDJSON as they stream). Model names resolve through manifests, aliases and ta
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ import orjson
 from ...catalog import CatalogEntry
 from ...catalog.tasks import task_name
 from ...errors import BadRequest
+from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import WAIT_HEADER, Served
 from ..serving import CHAT, LOAD_ONLY, serve
@@ -102,7 +102,7 @@ def _think(ext: Extensions, think: bool | str | None) -> None:
 
 
 async def chat(coord: Coordinator, request: OllamaChatRequest, headers: Mapping[str, str],
-               disconnected: asyncio.Event | None = None) -> Served:
+               disconnected: Departure | None = None) -> Served:
     started = time.monotonic()
     ext = extensions(request, headers)
     name, entries = resolve(coord, request.model)
@@ -120,7 +120,7 @@ async def chat(coord: Coordinator, request: OllamaChatRequest, headers: Mapping[
 
 async def generate(coord: Coordinator, request: OllamaGenerateRequest,
                    headers: Mapping[str, str],
-                   disconnected: asyncio.Event | None = None) -> Served:
+                   disconnected: Departure | None = None) -> Served:
     started = time.monotonic()
     ext = extensions(request, headers)
     name, entries = resolve(coord, request.model)
@@ -155,7 +155,7 @@ async def generate(coord: Coordinator, request: OllamaGenerateRequest,
 
 async def _served(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
                   shape: Shape, shown: str, started: float,
-                  disconnected: asyncio.Event | None) -> Served:
+                  disconnected: Departure | None) -> Served:
     if body.get("stream"):
         body["stream_options"] = {"include_usage": True}
     served = await serve(coord, endpoint, body, ext, disconnected=disconnected)
@@ -187,7 +187,7 @@ def whole_answer(data: dict[str, Any], shape: Shape, shown: str, total_s: float,
 
 async def load_or_unload(coord: Coordinator, name: str, entries: list[CatalogEntry],
                          shown: str, ext: Extensions, shape: Shape, stream: bool,
-                         disconnected: asyncio.Event | None) -> Served:
+                         disconnected: Departure | None) -> Served:
     """Ollama's empty request: load the model through the queue (as any request would), or
     with ``keep_alive`` 0 unload it once its running requests end (a pinned model stays)."""
     headers: dict[str, str] = {}
@@ -220,7 +220,7 @@ def _inputs(request: OllamaEmbedRequest | OllamaEmbeddingsRequest) -> list[str]:
 
 async def embed(coord: Coordinator, request: OllamaEmbedRequest | OllamaEmbeddingsRequest,
                 headers: Mapping[str, str],
-                disconnected: asyncio.Event | None = None) -> dict[str, Any]:
+                disconnected: Departure | None = None) -> dict[str, Any]:
     """``/api/embed`` (or, for :class:`OllamaEmbeddingsRequest`, ``/api/embeddings``):
     vectors from the worker's ``/v1/embeddings`` (llama.cpp normalises them, as Ollama's
     /api/embed does); ``dimensions`` keeps the first n of each, normalised again."""
