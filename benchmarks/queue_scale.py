@@ -6,7 +6,11 @@ client ids; the queue limits are raised so every request is admitted. For each N
 sends all N at once (one asyncio process, one connection per request) and waits for the last
 answer. Prints one table: wall time, its ratio to the ideal, the CPU seconds per request of
 the coordinator, the client and the stand-in (all three share this box), and how much the
-coordinator's resident memory grew per waiting request at the burst's peak. ``--burst N``
+coordinator's resident memory grew per waiting request at the burst's peak. After each burst
+the same client sends the same N straight to the stand-in, which logs when each request
+arrives: the time until the first one arrives is the client's own start (opening N
+connections in one process, half a second for 1,000 here), and the table shows the wall time
+less it against the ideal too. ``--burst N``
 also sends N at once against the default queue limits (how many are refused, how fast).
 
     .venv/bin/python benchmarks/queue_scale.py [--sizes 250,1000,4000] [--before DIR]
@@ -44,10 +48,10 @@ def cpu_s(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def burst(url: str, n: int, refusals: list[tuple[int, str | None]] | None = None
-                ) -> float:
+async def burst(url: str, n: int, refusals: list[tuple[int, str | None]] | None = None,
+                started_at: list[float] | None = None) -> float:
     """N requests at once; every one must be answered 200, unless ``refusals`` collects the
-    others (status, Retry-After)."""
+    others (status, Retry-After). ``started_at`` gets the ``perf_counter()`` it began at."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=3600)) as session:
@@ -60,6 +64,8 @@ async def burst(url: str, n: int, refusals: list[tuple[int, str | None]] | None 
                 return reply.status, reply.headers.get("retry-after")
 
         started = time.perf_counter()
+        if started_at is not None:
+            started_at.append(started)
         answers = await asyncio.gather(*(one(i) for i in range(n)))
         took = time.perf_counter() - started
     bad = [a for a in answers if a[0] != 200]
@@ -102,15 +108,17 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a socket per request
     port = free_port()
+    arrivals = Path(tempfile.mkdtemp()) / "arrivals.log"
     remote = subprocess.Popen([sys.executable, "-m", "tests.fake_upstream", "--port", str(port),
-                               "--answer-delay-ms", str(DELAY_MS)])
+                               "--answer-delay-ms", str(DELAY_MS), "--arrivals-log",
+                               str(arrivals)])
     try:
         wait_for(lambda: remote.poll() is None and _up(port), timeout=30)
         upstream = psutil.Process(remote.pid)
         checkouts = {"this code": None}
         if args.before:
             checkouts[f"before ({args.before.name})"] = args.before.resolve()
-        runs = {name: measure(port, upstream, sizes, checkout)
+        runs = {name: measure(port, upstream, sizes, checkout, arrivals)
                 for name, checkout in checkouts.items() if sizes}
         over = {name: limited(port, args.burst, checkout)
                 for name, checkout in checkouts.items()} if args.burst else {}
@@ -128,13 +136,18 @@ def main() -> None:
     print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
           f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
           f"({psutil.cpu_count()} cores)\n")
-    print("| coordinator | N | wall, s | x ideal | coordinator CPU ms/request | client | "
-          "stand-in | coordinator RSS growth, KB/request |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| coordinator | N | wall, s | x ideal | client's own start, s | x ideal less it | "
+          "coordinator CPU ms/request | client | stand-in | coordinator RSS growth, "
+          "KB/request |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, (_, rows) in runs.items():
-        for n, wall, ratio, coord_ms, client_ms, remote_ms, kb in rows:
-            print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {coord_ms:.2f} | "
-                  f"{client_ms:.2f} | {remote_ms:.2f} | {kb:.1f} |")
+        for n, wall, ratio, own_s, coord_ms, client_ms, remote_ms, kb in rows:
+            print(f"| {name} | {n:,} | {wall:.1f} | {ratio:.2f}× | {own_s:.2f} | "
+                  f"{(wall - own_s) / ideal_s(n):.2f}× | {coord_ms:.2f} | {client_ms:.2f} | "
+                  f"{remote_ms:.2f} | {kb:.1f} |")
+    if runs:
+        print("\nclient's own start: the same burst sent straight to the stand-in, from its "
+              "start to its first request's arrival (opening N connections in one process)")
     if over:
         print(f"\nDefault limits (max_queue_depth 1000, max_queued_per_client 200), "
               f"{args.burst:,} at once from {CLIENTS} clients\n")
@@ -172,9 +185,23 @@ def limited(port: int, n: int, checkout: Path | None
     return side, (n, wall, len(refusals), sum(1 for _, hint in refusals if hint), cpu_ms)
 
 
+def ideal_s(n: int) -> float:
+    return n / PARALLEL * DELAY_MS / 1000
+
+
+def own_start_s(port: int, n: int, arrivals: Path) -> float:
+    """How long the client takes, sending N at once straight to the stand-in, until its first
+    request arrives there: the part of a burst's wall time that is the client's own."""
+    started: list[float] = []
+    asyncio.run(burst(f"http://127.0.0.1:{port}", n, started_at=started))
+    return min(t for t in map(float, arrivals.read_text().split()) if t >= started[0]) \
+        - started[0]
+
+
 def measure(port: int, upstream: psutil.Process, sizes: list[int],
-            checkout: Path | None) -> tuple[dict, list[tuple]]:
-    """Each N in turn on a fresh coordinator (``checkout``'s code when given); its side."""
+            checkout: Path | None, arrivals: Path) -> tuple[dict, list[tuple]]:
+    """Each N in turn on a fresh coordinator (``checkout``'s code when given), each followed
+    by the same burst straight to the stand-in; its side."""
     biggest = max(sizes)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +225,8 @@ def measure(port: int, upstream: psutil.Process, sizes: list[int],
                 after = [cpu_s(p) for p in (coordinator, me, upstream)]
                 per = [(a - b) / n * 1000 for a, b in zip(after, before, strict=True)]
                 grown_kb = max(0, rss.peak - rss.base) / 1024 / n
-                rows.append((n, wall, wall / (n / PARALLEL * DELAY_MS / 1000), *per, grown_kb))
+                rows.append((n, wall, wall / ideal_s(n), own_start_s(port, n, arrivals), *per,
+                             grown_kb))
         finally:
             server.stop()
     return side, rows

@@ -2,6 +2,7 @@
 
     python -m tests.fake_upstream --port N [--require-key KEY] [--fail-status 500]
         [--chunk-delay-ms 0] [--chunks 5] [--break-after N] [--answer-delay-ms 0]
+        [--arrivals-log FILE]
 
 ``POST /v1/chat/completions`` answers with the last user message and the model name it
 received (``echo: <text>``, ``model: <name>``); a stream sends ``--chunks`` chunks, each
@@ -10,9 +11,10 @@ then ``[DONE]``. A body with ``tools`` is answered with a call of the first tool
 ``{"city": "Paris"}`` (streamed in two pieces). ``POST /v1/messages`` is Anthropic's Messages
 API, the same echo as a message (or its events), and wants the ``anthropic-version`` header;
 ``/v1/messages/count_tokens`` answers 7. ``--break-after N`` drops the connection after N
-chunks (a remote that dies mid-stream). ``GET /v1/models`` lists one model. A wrong or
-missing key (with ``--require-key``: ``Authorization: Bearer`` or ``x-api-key``) gets 401 in
-the OpenAI envelope.
+chunks (a remote that dies mid-stream); ``--arrivals-log`` appends the ``time.perf_counter()``
+at which each chat request arrived (one clock for every process on the box). ``GET
+/v1/models`` lists one model. A wrong or missing key (with ``--require-key``: ``Authorization:
+Bearer`` or ``x-api-key``) gets 401 in the OpenAI envelope.
 
 It is also the baseline of ``benchmarks/proxy_overhead.py``, so it is a raw ASGI app with
 orjson on uvicorn's fastest loop and parser, without an access log.
@@ -25,7 +27,8 @@ import asyncio
 import importlib.util
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import orjson
 
@@ -140,7 +143,8 @@ async def messages_answer(send: Send, body: dict[str, Any], chunks: int) -> None
 
 def make_app(require_key: str | None = None, fail_status: int | None = None,
              chunk_delay_ms: float = 0.0, chunks: int = 5,
-             break_after: int | None = None, answer_delay_ms: float = 0.0) -> ASGIApp:
+             break_after: int | None = None, answer_delay_ms: float = 0.0,
+             arrivals: TextIO | None = None) -> ASGIApp:
     """The ASGI app, configured by the command-line flags."""
     expected = f"Bearer {require_key}".encode() if require_key else None
     anthropic_key = require_key.encode() if require_key else None
@@ -232,6 +236,8 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
                                                       "boom"))
             return
         model = body.get("model")
+        if arrivals is not None:  # when each chat request came (benchmarks/queue_scale.py)
+            arrivals.write(f"{time.perf_counter()}\n")
         if answer_delay_ms:  # a remote that takes its time (queue benchmarks)
             await asyncio.sleep(answer_delay_ms / 1000)
         if body.get("stream"):
@@ -269,11 +275,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="drop the connection after this many streamed chunks")
     parser.add_argument("--answer-delay-ms", type=float, default=0.0,
                         help="pause before every chat answer")
+    parser.add_argument("--arrivals-log", type=Path,
+                        help="append the time.perf_counter() of every chat request's arrival")
     args = parser.parse_args(argv)
     import uvicorn
 
+    arrivals = args.arrivals_log.open("a", buffering=1) if args.arrivals_log else None
     uvicorn.run(make_app(args.require_key, args.fail_status, args.chunk_delay_ms, args.chunks,
-                         args.break_after, args.answer_delay_ms),
+                         args.break_after, args.answer_delay_ms, arrivals),
                 host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 loop=fastest("uvloop", "asyncio"),
                 http=fastest("httptools", "h11"), lifespan="on")
