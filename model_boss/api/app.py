@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
-    app.add_middleware(Pacing)
+    app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
     for module in (openai, anthropic, llamacpp, ollama, admin, history, pulls, jobs, leases,
                    dashboard):
         app.include_router(module.router)

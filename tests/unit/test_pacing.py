@@ -64,3 +64,24 @@ async def test_lifespan_and_websocket_scopes_are_not_paced():
     await pacing({"type": "http", "n": 0}, None, None)
     await pacing({"type": "lifespan", "n": 1}, None, None)  # the turn's one http is used
     assert begun == [0, 1]
+
+
+async def test_nothing_is_paced_while_nothing_waits_in_the_queue():
+    begun: list[int] = []
+
+    async def app(scope, receive, send) -> None:
+        begun.append(scope["n"])
+
+    queued = [False]
+    pacing = Pacing(app, per_turn=1, busy=lambda: queued[0])
+    tasks = [asyncio.create_task(pacing({"type": "http", "n": n}, None, None))
+             for n in range(3)]
+    await asyncio.sleep(0)
+    assert begun == [0, 1, 2]  # all in the turn they came
+    queued[0] = True
+    tasks += [asyncio.create_task(pacing({"type": "http", "n": n}, None, None))
+              for n in range(3, 6)]
+    await asyncio.sleep(0)
+    assert begun == [0, 1, 2, 3]
+    await asyncio.gather(*tasks)
+    assert begun == list(range(6))
