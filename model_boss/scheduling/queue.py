@@ -67,6 +67,7 @@ class InferenceQueue:
         # change that, so the loop wakes when one of them reaches its next level
         self._planners: list[QueuedRequest] = []
         self._wake = asyncio.Event()
+        self._held = False
         self._in_flight_by_client: dict[str, int] = {}
         self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
         self.granted_total = 0
@@ -79,7 +80,8 @@ class InferenceQueue:
         return len(self._pending)
 
     def wake(self) -> None:
-        self._wake.set()
+        if not self._held:  # a release decides itself (it may hand its slot on)
+            self._wake.set()
 
     async def acquire(self, request: QueuedRequest) -> SlotTicket:
         """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
@@ -242,7 +244,11 @@ class InferenceQueue:
     def _finished(self, ticket: SlotTicket, ok: bool, client_fault: bool) -> None:
         slot, request = ticket.slot, ticket.request
         unloads = slot.unload_after_request and not slot.pinned  # keep_alive 0: it goes now
-        self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
+        self._held = True
+        try:
+            self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
+        finally:
+            self._held = False
         duration = time.monotonic() - ticket.started
         if ok:
             self.pool.learned.observe_inference(slot.model_id, duration)
@@ -252,9 +258,9 @@ class InferenceQueue:
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
                                  client_fault=client_fault)
-        if not unloads:
-            self._grant_head(slot.model_id)
-        self.wake()
+        if unloads or not self._grant_head(slot.model_id) \
+                or slot.active < slot.entry.manifest.running_limit:  # else: full again, as was
+            self.wake()
 
     def _grant_head(self, model_id: str) -> bool:
         """Grant the first waiter in order now when it is ``model_id``'s and its READY slot
@@ -354,17 +360,12 @@ class InferenceQueue:
     def _load_done(self, model_id: str, task: asyncio.Task) -> None:
         if self._evicting.pop(model_id, None):
             self.wake()
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is None:
-            self.wake()
-            return
-        if isinstance(exc, CapacityExceeded):
-            self.wake()  # lost a race for room; the waiters stay and retry
-            return
-        error = exc if isinstance(exc, ModelBossError) else CapacityExceeded(str(exc))
-        self._fail_model(model_id, error)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, CapacityExceeded):
+            self._fail_model(model_id, exc if isinstance(exc, ModelBossError)
+                             else CapacityExceeded(str(exc)))
+        elif not task.cancelled():
+            self.wake()  # loaded, or lost a race for room: the waiters stay and retry
 
     def _fail_model(self, model_id: str, error: ModelBossError) -> None:
         for request in [r for r in self._pending if r.model_id == model_id]:
