@@ -228,6 +228,7 @@ async def test_a_freed_slot_goes_to_its_next_waiter_in_the_same_step(coord_two):
     holder.release()
     assert following.future.done()  # granted in the release's own step, before any pass
     assert coord.pool.slots["a"].active == 1
+    assert not coord.queue._wake.is_set()  # full again, as it was: no pass to run
     (await waiter).release()
     assert coord.pool.slots["a"].active == 0
 
