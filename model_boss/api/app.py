@@ -21,6 +21,7 @@ from .middleware import (
     InternalErrors,
     Pacing,
     QueueGate,
+    take_direct_routes,
     with_cors,
 )
 
@@ -60,9 +61,11 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
-    for module in (openai, anthropic, llamacpp, ollama, admin, history, pulls, jobs, leases,
-                   dashboard):
-        app.include_router(module.router)
+    routers = [module.router for module in (openai, anthropic, llamacpp, ollama, admin, history,
+                                            pulls, jobs, leases, dashboard)]
+    for router in routers:
+        app.include_router(router)
+    take_direct_routes(app, [route for router in routers for route in router.routes])
     return app
 
 

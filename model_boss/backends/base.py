@@ -177,7 +177,7 @@ class HttpWorkerBackend:
         self._upstream = UpstreamClient(f"http://127.0.0.1:{port}",
                                         timeout_s=self.settings.request_timeout_s,
                                         connect_timeout_s=5.0, max_connections=64,
-                                        keepalive_s=3.0)
+                                        keepalive_s=3.0, peer="the worker")
 
     def _report(self, stage: str, fraction: float | None = None) -> None:
         if self.on_progress is not None:

@@ -3,9 +3,10 @@
 A forward carries two headers: ``X-Model-Boss-Forwarded`` (the sending member's host id:
 the receiver serves it itself, so a request makes one hop at most) and
 ``X-Model-Boss-Cluster-Secret``. A request with the first and without the right second is
-refused (403) before anything else reads it. A :class:`~.member_link.MemberLink` per member
-carries the bytes (the pooled aiohttp client of :mod:`model_boss.backends.upstream` for a
-member reached over https); streams pass through chunk by chunk.
+refused (403) before anything else reads it. An
+:class:`~model_boss.backends.upstream.UpstreamClient` per member carries the bytes (pooled
+keep-alive HTTP/1.1, aiohttp for a member reached over https); streams pass through chunk by
+chunk.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import orjson
 
 from ..backends.upstream import UpstreamClient, UpstreamReply, UpstreamTransportError
-from .member_link import MemberLink
 from .records import MemberRecord
 
 FORWARDED_HEADER = "x-model-boss-forwarded"
@@ -50,17 +50,15 @@ class Forwarder:
         self._headers = {"content-type": "application/json", FORWARDED_HEADER: host_id,
                          SECRET_HEADER: secret}
         self.timeout_s = timeout_s
-        self._clients: dict[str, MemberLink | UpstreamClient] = {}
+        self._clients: dict[str, UpstreamClient] = {}
 
     async def forward(self, member: MemberRecord, endpoint: str, body: dict[str, Any],
                       stream: bool) -> UpstreamReply:
         """Send ``body`` on to ``member``'s ``endpoint``; its answer as it came."""
         client = self._clients.get(member.url)
         if client is None:
-            client = self._clients[member.url] = (
-                MemberLink(member.url, timeout_s=self.timeout_s, connect_timeout_s=3.0)
-                if member.url.startswith("http://") else
-                UpstreamClient(member.url, timeout_s=self.timeout_s, connect_timeout_s=3.0))
+            client = self._clients[member.url] = UpstreamClient(
+                member.url, timeout_s=self.timeout_s, connect_timeout_s=3.0, peer="the member")
         try:
             return await client.post(endpoint, orjson.dumps(body), self._headers, stream)
         except UpstreamTransportError as exc:

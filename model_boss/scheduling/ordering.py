@@ -160,6 +160,15 @@ class Lines:
     def walk(self, credits: Mapping[str, float]) -> Walk:
         return Walk(self, credits)
 
+    def head(self, credits: Mapping[str, float]) -> Any | None:
+        """The first waiter in serving order (a walk's first, without the walk)."""
+        if len(self._lines) == 1:
+            (line,) = self._lines.values()
+            return line[0][2]
+        heads = [(self._merge_key(line[0], model, credits), line[0][2])
+                 for model, line in self._lines.items()]
+        return min(heads, key=lambda head: head[0])[1] if heads else None
+
     def models(self, credits: Mapping[str, float]) -> list[str]:
         """The models with waiters, in the order of their first waiter."""
         heads = sorted((self._merge_key(line[0], model, credits), model)

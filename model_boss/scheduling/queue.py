@@ -265,8 +265,7 @@ class InferenceQueue:
     def _grant_head(self, model_id: str) -> bool:
         """Grant the first waiter in order now when it is ``model_id``'s and its READY slot
         has room, as the next pass would first; anything else is left to the pass."""
-        walk = self._pending.lines.walk(self._warm_credits())
-        head = next(iter(walk), None)
+        head = self._pending.lines.head(self._warm_credits())
         if head is None or head.model_id != model_id or head.future.done() \
                 or time.time() >= head.deadline:
             return False

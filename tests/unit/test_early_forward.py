@@ -1,6 +1,6 @@
 """Early forwards: the decision (model_boss/services/early_forward.py) as a table over real
 catalog, settings and member records, and the member link
-(model_boss/cluster/member_link.py) against a real uvicorn serving the fake upstream."""
+(model_boss/backends/http_link.py) against a real uvicorn serving the fake upstream."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import orjson
 import pytest
 import uvicorn
 
+from model_boss.backends.http_link import HttpLink as MemberLink
 from model_boss.backends.upstream import UpstreamTransportError
 from model_boss.catalog import Catalog, ModelManifest
 from model_boss.cluster import MemberRecord, Route
-from model_boss.cluster.member_link import MemberLink
 from model_boss.services.early_forward import early_forward
 from model_boss.settings import load_settings
 from tests.fake_upstream import make_app

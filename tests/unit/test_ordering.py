@@ -135,6 +135,8 @@ def test_the_lines_walk_in_the_serving_order(rows, credits, policy):
             lines.discard(gone)
     expected = serving_order([i.waiter for i in kept], credits, policy)
     assert [i.waiter for i in lines.walk(credits)] == expected
+    head = lines.head(credits)
+    assert (head.waiter if head is not None else None) == (expected[0] if expected else None)
     assert lines.models(credits) == list(dict.fromkeys(w.model_id for w in expected))
     walk, seen = lines.walk(credits), []
     for item in walk:

@@ -3,10 +3,12 @@ work already running (:mod:`.pacing`), CORS (:mod:`.cors`), error
 answers in the route's own envelope (:mod:`.envelopes`), the last-resort 500 and API keys
 with request metrics (:mod:`.auth`, keys in :mod:`.keys`), the queue's early refusals
 (:mod:`.queue_gate`), body limits (:mod:`.limits`) and
-the early forward of a cluster member's requests (:mod:`.early_forward`)."""
+the early forward of a cluster member's requests (:mod:`.early_forward`); innermost, the
+queued POST routes taken by their path without FastAPI's router (:mod:`.direct_routes`)."""
 
 from .auth import AuthAndMetrics, InternalErrors
 from .cors import with_cors
+from .direct_routes import take_direct_routes
 from .early_forward import EarlyForwarding
 from .envelopes import ErrorEnvelope
 from .limits import BodyLimit
@@ -14,4 +16,4 @@ from .pacing import Pacing
 from .queue_gate import QueueGate
 
 __all__ = ["AuthAndMetrics", "BodyLimit", "EarlyForwarding", "ErrorEnvelope", "InternalErrors",
-           "Pacing", "QueueGate", "with_cors"]
+           "Pacing", "QueueGate", "take_direct_routes", "with_cors"]

@@ -9,9 +9,10 @@ import re
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...services import MODEL_HEADER, WAIT_HEADER
+from .direct_routes import header
 
 EXPOSED = [MODEL_HEADER, WAIT_HEADER, "x-model-boss-member", "retry-after"]
 
@@ -30,7 +31,21 @@ def origin_pattern(origins: Sequence[str]) -> str | None:
 def with_cors(app: ASGIApp, origins: Sequence[str]) -> ASGIApp:
     """``app`` behind Starlette's CORS middleware for ``origins``."""
     any_origin = "*" in origins
-    return CORSMiddleware(
+    return PagesOnly(app, CORSMiddleware(
         app, allow_origins=["*"] if any_origin else [],
         allow_origin_regex=None if any_origin else origin_pattern(origins),
-        allow_methods=["*"], allow_headers=["*"], expose_headers=EXPOSED, max_age=600)
+        allow_methods=["*"], allow_headers=["*"], expose_headers=EXPOSED, max_age=600))
+
+
+class PagesOnly:
+    """A request without an ``Origin`` header (no page sent it) goes straight to ``app``, as
+    the CORS middleware would pass it on, without building its headers first."""
+
+    def __init__(self, app: ASGIApp, cors: CORSMiddleware) -> None:
+        self.app, self.cors = app, cors
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and header(scope, b"origin") is None:
+            await self.app(scope, receive, send)
+        else:
+            await self.cors(scope, receive, send)

@@ -80,14 +80,20 @@ class BodyLimit:
 def replaying(raw: bytes, receive: Receive) -> Receive:
     """A ``receive`` that gives the body already read, whole, then the connection's own
     messages (its disconnect)."""
-    replayed = False
+    return giving_first({"type": "http.request", "body": raw, "more_body": False}, receive)
+
+
+def giving_first(first: Message, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``first`` (a message already received), then the
+    connection's own messages."""
+    given = False
 
     async def replay() -> Message:
-        nonlocal replayed
-        if replayed:
+        nonlocal given
+        if given:
             return await receive()
-        replayed = True
-        return {"type": "http.request", "body": raw, "more_body": False}
+        given = True
+        return first
 
     return replay
 

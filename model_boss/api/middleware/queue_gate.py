@@ -3,12 +3,12 @@ its body is read or parsed, so a burst far over the limits costs little per requ
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...coordinator import Coordinator
 from ...scheduling.request import ARRIVING
 from ..errors import error_response
+from .direct_routes import header
 
 
 class QueueGate:
@@ -29,7 +29,8 @@ class QueueGate:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] in self.paths and self.coord.cluster is None):
             queue = self.coord.queue
-            client_id = Headers(scope=scope).get("x-client-id")
+            raw_id = header(scope, b"x-client-id")
+            client_id = raw_id.decode("latin-1") if raw_id is not None else None
             refusal = queue.refusal(client_id)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)

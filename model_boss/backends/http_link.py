@@ -1,19 +1,19 @@
-"""MemberLink: keep-alive HTTP/1.1 connections from this member to one other member.
+"""HttpLink: pooled keep-alive HTTP/1.1 connections to one server over plain ``http``.
 
-A forward is a second pass through a coordinator, and a large part of what it costs the
-forwarding member is the HTTP client: with aiohttp's per-request machinery (request and
-response objects, multidicts, payload registry, a writer task, timers) a loop of requests
-to a peer on loopback costs 143 µs of CPU each (the peer's side included), with a pooled
-asyncio protocol and httptools' parser (the one uvicorn serves with) 27 µs. The peer is
-always another model-boss (uvicorn) over plain HTTP/1.1, so this client needs no more than:
-POST a body; read the status, two headers and the body (content-length or chunked, as
-httptools decodes it), a stream chunk by chunk with back-pressure. Members reached over
-``https`` go through :class:`~model_boss.backends.upstream.UpstreamClient` instead.
+Most of what passing a request on costs the coordinator is its HTTP client: with aiohttp's
+per-request machinery (request and response objects, multidicts, payload registry, a writer
+task, timers) a loop of requests on loopback costs 143 µs of CPU each (the server's side
+included), with a pooled asyncio protocol and httptools' parser (the one uvicorn serves with)
+27 µs. Its peers (model-boss's own workers, llama.cpp's server, another member, a remote
+reached over plain ``http``) need no more than: POST a body; read the status, two headers and
+the body (content-length, chunked, or until the server closes), a stream chunk by chunk with
+back-pressure. Remotes reached over ``https`` go through aiohttp
+(:class:`~.upstream.UpstreamClient` picks).
 
-A pooled connection the member closed just as it was reused (uvicorn drops idle ones after
-a few seconds) is retried once on a fresh one, since no byte of an answer came back; any
-other failure is an :class:`~model_boss.backends.upstream.UpstreamTransportError`. A caller
-that stops waiting or stops reading closes the connection, so the member sees its client go.
+A pooled connection the server closed just as it was reused (servers drop idle ones on their
+own schedule) is retried once on a fresh one, since no byte of an answer came back; any other
+failure is an :class:`~.upstream.UpstreamTransportError` naming the peer. A caller that stops
+waiting or stops reading closes the connection, so the server sees its client go.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ..backends.upstream import UpstreamReply, UpstreamTransportError
+from .reply import UpstreamReply, UpstreamTransportError
 
 _HIGH_WATER = 256 * 1024  # stream bytes held unread before the socket is paused
 
@@ -34,13 +34,15 @@ _HIGH_WATER = 256 * 1024  # stream bytes held unread before the socket is paused
 class _Connection(asyncio.Protocol):
     """One connection, one request at a time: the answer's status, headers and body."""
 
-    def __init__(self, read_timeout_s: float) -> None:
+    def __init__(self, read_timeout_s: float, peer: str) -> None:
         self._loop = asyncio.get_running_loop()
+        self._peer = peer
         self._parser = httptools.HttpResponseParser(self)
         self._read_timeout_s = read_timeout_s
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.used = False  # it has carried a request before (a stale keep-alive may be closed)
+        self.idle_since = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -51,6 +53,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.error: Exception | None = None
+        self._until_close = True  # no length and no chunks said (yet): the body ends at close
         self._headers_done: asyncio.Future[None] = self._loop.create_future()
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -70,13 +73,17 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamTransportError(f"bad answer from member: {exc}"))
+            self._fail(UpstreamTransportError(f"bad answer from {self._peer}: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.complete and exc is None and self._until_close and self.status \
+                and self.error is None:
+            self.complete = True  # a body without a length or chunks ends where the server closes
+            self._notify()
         if not self.complete:
             self._fail(UpstreamTransportError(
-                f"member closed the connection{f': {exc}' if exc else ''}"))
+                f"{self._peer} closed the connection{f': {exc}' if exc else ''}"))
 
     # -- httptools callbacks ---------------------------------------------------------------
 
@@ -86,9 +93,13 @@ class _Connection(asyncio.Protocol):
             self.content_type = value.decode("latin-1")
         elif name == b"retry-after":
             self.retry_after = value.decode("latin-1")
+        elif name in (b"content-length", b"transfer-encoding"):
+            self._until_close = False
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if self.status in (204, 304):
+            self._until_close = False
         if not self._headers_done.done():
             self._headers_done.set_result(None)
 
@@ -126,14 +137,14 @@ class _Connection(asyncio.Protocol):
         idle = time.monotonic() - self._last_read
         if idle >= self._read_timeout_s:
             self._fail(UpstreamTransportError(
-                f"no answer from member in {self._read_timeout_s:g}s"))
+                f"no answer from {self._peer} in {self._read_timeout_s:g}s"))
         else:
             self._timer = self._loop.call_later(self._read_timeout_s - idle,
                                                 self._check_timeout)
 
     def send(self, request: bytes) -> None:
         if self.closed or self.transport is None or self.transport.is_closing():
-            raise UpstreamTransportError("the member closed the connection")
+            raise UpstreamTransportError(f"{self._peer} closed the connection")
         if self.used:
             self._reset()
         self.used = True
@@ -184,14 +195,17 @@ class _Connection(asyncio.Protocol):
         self.closed = True
 
 
-class MemberLink:
-    """Pooled keep-alive connections to one member at ``base_url`` (``http://host:port``)."""
+class HttpLink:
+    """Pooled keep-alive connections to the server at ``base_url`` (``http://host:port`` and
+    a path prefix); ``peer`` names it in errors ("the worker", "member b")."""
 
     def __init__(self, base_url: str, *, timeout_s: float, connect_timeout_s: float = 3.0,
-                 max_idle: int = 64) -> None:
+                 max_idle: int = 64, keepalive_s: float = 15.0,
+                 peer: str = "the server") -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"a member link needs an http:// URL, not {base_url!r}")
+            raise ValueError(f"an HTTP link needs an http:// URL, not {base_url!r}")
+        self._peer = peer
         self._host = parts.hostname
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/").encode()
@@ -199,6 +213,7 @@ class MemberLink:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._max_idle = max_idle
+        self._keepalive_s = keepalive_s  # idle longer, a connection is dropped, not reused
         self._idle: list[_Connection] = []
 
     def _request(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -212,7 +227,7 @@ class MemberLink:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self._timeout_s), self._host, self._port)
+                    lambda: _Connection(self._timeout_s, self._peer), self._host, self._port)
         except (OSError, TimeoutError) as exc:
             raise UpstreamTransportError(f"{type(exc).__name__}: {exc}") from exc
         return conn
@@ -221,14 +236,15 @@ class MemberLink:
         """A connection that carried ``request`` and has the answer's headers."""
         while self._idle:
             conn = self._idle.pop()
-            if conn.closed:
+            if conn.closed or time.monotonic() - conn.idle_since > self._keepalive_s:
+                conn.close()
                 continue
             try:
                 return await self._exchange(conn, request)
             except UpstreamTransportError:
                 if conn.answered:
                     raise
-                # closed by the member as it was reused: no answer came, try the next one
+                # closed by the server as it was reused: no answer came, try the next one
         return await self._exchange(await self._connect(), request)
 
     @staticmethod
@@ -243,6 +259,7 @@ class MemberLink:
 
     def _put_back(self, conn: _Connection) -> None:
         if conn.done() and len(self._idle) < self._max_idle:
+            conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
             conn.close()

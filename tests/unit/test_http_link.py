@@ -1,0 +1,114 @@
+"""HttpLink (model_boss/backends/http_link.py) against servers that answer in the other ways
+HTTP/1.1 allows: a body that ends where the server closes, a connection idle past its
+keep-alive, a server that closes without answering. (Content-length, chunked streams and
+time-outs: tests/unit/test_early_forward.py, against uvicorn.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from model_boss.backends.http_link import HttpLink
+from model_boss.backends.upstream import UpstreamClient, UpstreamTransportError
+
+
+@contextlib.asynccontextmanager
+async def raw_server(answer):
+    """A server on a free loopback port; ``answer(reader, writer, connection_number)``
+    handles each connection."""
+    count = 0
+
+    async def handle(reader, writer):
+        nonlocal count
+        count += 1
+        try:
+            await answer(reader, writer, count)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", lambda: count
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request(reader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return head + await reader.readexactly(length)
+
+
+async def test_a_body_without_a_length_ends_where_the_server_closes():
+    async def answer(reader, writer, _):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n"
+                     b"first part, ")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"and the rest")
+        await writer.drain()
+
+    async with raw_server(answer) as (url, connections):
+        link = HttpLink(url, timeout_s=5, peer="the remote")
+        for _ in range(2):  # not kept: the next request opens a new connection
+            reply = await link.post("/x", b"{}", {}, stream=False)
+            assert (reply.status, reply.content_type, reply.body) == \
+                (200, "text/plain", b"first part, and the rest")
+        assert connections() == 2
+        streamed = await link.post("/x", b"{}", {}, stream=True)
+        assert b"".join([c async for c in streamed.chunks]) == b"first part, and the rest"
+        await link.close()
+
+
+async def test_a_body_cut_short_of_its_length_is_a_transport_error_naming_the_peer():
+    async def answer(reader, writer, _):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this")
+        await writer.drain()
+
+    async with raw_server(answer) as (url, _):
+        link = HttpLink(url, timeout_s=5, peer="the worker")
+        with pytest.raises(UpstreamTransportError, match="the worker closed the connection"):
+            await link.post("/x", b"{}", {}, stream=False)
+
+
+async def test_a_connection_idle_past_its_keep_alive_is_not_reused():
+    async def answer(reader, writer, _):
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+
+    async with raw_server(answer) as (url, connections):
+        link = HttpLink(url, timeout_s=5, keepalive_s=0.2)
+        for _ in range(3):
+            assert (await link.post("/x", b"{}", {}, stream=False)).body == b"ok"
+        assert connections() == 1  # kept while in use
+        await asyncio.sleep(0.3)
+        assert (await link.post("/x", b"{}", {}, stream=False)).body == b"ok"
+        assert connections() == 2  # idle too long: a fresh one
+        await link.close()
+
+
+async def test_a_server_that_closes_a_reused_connection_unanswered_is_asked_again():
+    async def answer(reader, writer, number):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n%d" % (100 + number))
+        await writer.drain()
+        if number == 1:  # keeps the first connection open, then drops it unanswered
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                await read_request(reader)
+
+    async with raw_server(answer) as (url, connections):
+        client = UpstreamClient(url, timeout_s=5)
+        assert (await client.post("/x", b"{}", {}, stream=False)).body == b"101"
+        assert (await client.post("/x", b"{}", {}, stream=False)).body == b"102"
+        assert connections() == 2
+        await client.close()
