@@ -30,17 +30,23 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 import psutil
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BenchServer, check_sides, coordinator_side, free_port, wait_for
+from model_boss.backends.http_link import HttpLink
 
 PARALLEL = 4
 DELAY_MS = 20.0
 CLIENTS = 8
+CLIENT = "lean"  # --client
 
 
 def cpu_s(process: psutil.Process) -> float:
@@ -50,30 +56,64 @@ def cpu_s(process: psutil.Process) -> float:
 
 async def burst(url: str, n: int, refusals: list[tuple[int, str | None]] | None = None,
                 started_at: list[float] | None = None) -> float:
-    """N requests at once; every one must be answered 200, unless ``refusals`` collects the
-    others (status, Retry-After). ``started_at`` gets the ``perf_counter()`` it began at."""
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+    """N requests at once, one connection each; every one must be answered 200, unless
+    ``refusals`` collects the others (status, Retry-After). ``started_at`` gets the
+    ``perf_counter()`` it began at. The client is :data:`CLIENT`'s."""
+    send, close = _lean_client(url) if CLIENT == "lean" else _aiohttp_client(url)
+    try:
         async def one(i: int) -> tuple[int, str | None]:
-            async with session.post(url + "/v1/chat/completions", json={
-                    "model": "remote", "max_tokens": 4,
-                    "messages": [{"role": "user", "content": f"request {i}"}]},
-                    headers={"x-client-id": f"client-{i % CLIENTS}"}) as reply:
-                await reply.read()
-                return reply.status, reply.headers.get("retry-after")
+            return await send(orjson.dumps({
+                "model": "remote", "max_tokens": 4,
+                "messages": [{"role": "user", "content": f"request {i}"}]}),
+                {"content-type": "application/json", "x-client-id": f"client-{i % CLIENTS}"})
 
         started = time.perf_counter()
         if started_at is not None:
             started_at.append(started)
         answers = await asyncio.gather(*(one(i) for i in range(n)))
         took = time.perf_counter() - started
+    finally:
+        await close()
     bad = [a for a in answers if a[0] != 200]
     if refusals is None:
         assert not bad, f"{len(bad)} of {n} answered {sorted({s for s, _ in bad})}"
     else:
         refusals.extend(bad)
     return took
+
+
+def run(burst: Coroutine[Any, Any, float]) -> float:
+    """A burst on the client's event loop: uvloop's (as the coordinator's) for the lean
+    client, asyncio's own for aiohttp."""
+    if CLIENT == "lean":
+        return uvloop.run(burst)
+    return asyncio.run(burst)
+
+
+def _lean_client(url: str):
+    """Like a load generator: model-boss's own keep-alive client (httptools on an asyncio
+    protocol), kept to one connection per request (nothing pooled)."""
+    link = HttpLink(url, timeout_s=3600, connect_timeout_s=600, max_idle=0)
+
+    async def send(body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+        reply = await link.post("/v1/chat/completions", body, headers, stream=False)
+        return reply.status, reply.retry_after
+
+    return send, link.close
+
+
+def _aiohttp_client(url: str):
+    """aiohttp, one connection per request (what an asyncio batch script would use)."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                    timeout=aiohttp.ClientTimeout(total=3600))
+
+    async def send(body: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+        async with session.post(url + "/v1/chat/completions", data=body,
+                                headers=headers) as reply:
+            await reply.read()
+            return reply.status, reply.headers.get("retry-after")
+
+    return send, session.close
 
 
 class PeakRss:
@@ -103,7 +143,11 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None)
     parser.add_argument("--burst", type=int, default=0,
                         help="also send this many at once against the default queue limits")
+    parser.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
+                        help="the client's HTTP library (lean: model-boss's httptools client)")
     args = parser.parse_args()
+    global CLIENT
+    CLIENT = args.client
     sizes = [int(n) for n in args.sizes.split(",") if n]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a socket per request
@@ -125,7 +169,7 @@ def main() -> None:
     finally:
         remote.terminate()
         remote.wait()
-    fixed = {"clients": CLIENTS, "answer_delay_ms": DELAY_MS}
+    fixed = {"clients": CLIENTS, "answer_delay_ms": DELAY_MS, "client": CLIENT}
     if runs:
         check_sides({name: {**side, **fixed, "sizes": args.sizes}
                      for name, (side, _) in runs.items()}, ["code"], "coordinators compared")
@@ -134,8 +178,8 @@ def main() -> None:
                      for name, (side, _) in over.items()}, ["code"],
                     "coordinators compared over the default limits")
     print(f"\nN chat requests at once, one cloud model (parallel {PARALLEL}) over a stand-in "
-          f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, this box "
-          f"({psutil.cpu_count()} cores)\n")
+          f"that answers after {DELAY_MS:g} ms, {CLIENTS} client ids, the {CLIENT} client, "
+          f"this box ({psutil.cpu_count()} cores)\n")
     print("| coordinator | N | wall, s | x ideal | client's own start, s | x ideal less it | "
           "coordinator CPU ms/request | client | stand-in | coordinator RSS growth, "
           "KB/request |")
@@ -174,10 +218,10 @@ def limited(port: int, n: int, checkout: Path | None
         try:
             server.start()
             coordinator = psutil.Process(server.proc.pid)
-            asyncio.run(burst(server.url, 20))
+            run(burst(server.url, 20))
             refusals: list[tuple[int, str | None]] = []
             before = cpu_s(coordinator)
-            wall = asyncio.run(burst(server.url, n, refusals))
+            wall = run(burst(server.url, n, refusals))
             cpu_ms = (cpu_s(coordinator) - before) / n * 1000
         finally:
             server.stop()
@@ -193,7 +237,7 @@ def own_start_s(port: int, n: int, arrivals: Path) -> float:
     """How long the client takes, sending N at once straight to the stand-in, until its first
     request arrives there: the part of a burst's wall time that is the client's own."""
     started: list[float] = []
-    asyncio.run(burst(f"http://127.0.0.1:{port}", n, started_at=started))
+    run(burst(f"http://127.0.0.1:{port}", n, started_at=started))
     return min(t for t in map(float, arrivals.read_text().split()) if t >= started[0]) \
         - started[0]
 
@@ -217,11 +261,11 @@ def measure(port: int, upstream: psutil.Process, sizes: list[int],
         try:
             server.start()
             coordinator, me = psutil.Process(server.proc.pid), psutil.Process()
-            asyncio.run(burst(server.url, 20))  # warm
+            run(burst(server.url, 20))  # warm
             for n in sizes:
                 before = [cpu_s(p) for p in (coordinator, me, upstream)]
                 with PeakRss(coordinator) as rss:
-                    wall = asyncio.run(burst(server.url, n))
+                    wall = run(burst(server.url, n))
                 after = [cpu_s(p) for p in (coordinator, me, upstream)]
                 per = [(a - b) / n * 1000 for a, b in zip(after, before, strict=True)]
                 grown_kb = max(0, rss.peak - rss.base) / 1024 / n
