@@ -143,10 +143,10 @@ class _Connection(asyncio.Protocol):
                                                 self._check_timeout)
 
     def send(self, request: bytes) -> None:
-        if self.closed or self.transport is None or self.transport.is_closing():
-            raise UpstreamTransportError(f"{self._peer} closed the connection")
         if self.used:
-            self._reset()
+            self._reset()  # first: what is said of this exchange (``answered``) is its own
+        if self.closing():
+            raise UpstreamTransportError(f"{self._peer} closed the connection")
         self.used = True
         self._last_read = time.monotonic()
         self._timer = self._loop.call_later(self._read_timeout_s, self._check_timeout)
@@ -178,6 +178,10 @@ class _Connection(asyncio.Protocol):
         while (chunk := await self.next_chunk()) is not None:
             parts.append(chunk)
         return b"".join(parts)
+
+    def closing(self) -> bool:
+        """Closed, or closing (the server's end came and the close is under way)."""
+        return self.closed or self.transport is None or self.transport.is_closing()
 
     def done(self) -> bool:
         """Whether the connection may carry another request."""
@@ -236,7 +240,7 @@ class HttpLink:
         """A connection that carried ``request`` and has the answer's headers."""
         while self._idle:
             conn = self._idle.pop()
-            if conn.closed or time.monotonic() - conn.idle_since > self._keepalive_s:
+            if conn.closing() or time.monotonic() - conn.idle_since > self._keepalive_s:
                 conn.close()
                 continue
             try:

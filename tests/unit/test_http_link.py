@@ -112,3 +112,23 @@ async def test_a_server_that_closes_a_reused_connection_unanswered_is_asked_agai
         assert (await client.post("/x", b"{}", {}, stream=False)).body == b"102"
         assert connections() == 2
         await client.close()
+
+
+async def test_a_connection_closing_as_it_is_taken_is_not_used():
+    """The server's end came and the close is under way, its connection_lost not yet run: the
+    link takes another connection, whatever the last exchange on that one said."""
+    async def answer(reader, writer, number):
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n%d" % (100 + number))
+                await writer.drain()
+
+    async with raw_server(answer) as (url, connections):
+        link = HttpLink(url, timeout_s=5)
+        assert (await link.post("/x", b"{}", {}, stream=False)).body == b"101"
+        (pooled,) = link._idle
+        pooled.transport.close()  # as on the server's FIN: closing, connection_lost to come
+        assert (await link.post("/x", b"{}", {}, stream=False)).body == b"102"
+        assert connections() == 2
+        await link.close()
