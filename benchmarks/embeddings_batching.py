@@ -5,7 +5,8 @@ Builds a MiniLM-sized embedder with random weights (BERT, 6 layers, hidden 384, 
 sentence-transformers folder), serves it with ``backend: transformers`` (dynamic batching:
 ``batch_size`` 32, ``max_batch_wait_ms`` 5 or ``--wait-ms``) and, in turns: the baseline
 encodes the 32 sentences in one call; model-boss gets them as 32 concurrent requests of one
-sentence each.
+sentence each, one connection each (like a load generator, through model-boss's own lean HTTP
+client on uvloop; ``--client httpx`` for httpx).
 Prints one table of medians (sentences per second) and the ratio, and the worker's batches.
 
     .venv/bin/python benchmarks/embeddings_batching.py [--rounds 15]
@@ -20,16 +21,22 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
+import orjson
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BenchServer, check_sides, coordinator_side
+from model_boss.backends.http_link import HttpLink
 from tests.conftest import worker_health
 from tests.transformers_fixtures import WORDS, build_embedder
 
 CLIENTS = 32
+CLIENT = "lean"  # --client
 
 
 def sentences(round_: int) -> list[str]:
@@ -38,15 +45,30 @@ def sentences(round_: int) -> list[str]:
 
 
 async def through(url: str, texts: list[str]) -> float:
-    async with httpx.AsyncClient(timeout=120) as client:
-        started = time.perf_counter()
-        answers = await asyncio.gather(*(
-            client.post(url + "/v1/embeddings", json={"model": "mini", "input": text})
-            for text in texts))
-        took = time.perf_counter() - started
-    for answer in answers:
-        answer.raise_for_status()
+    """The 32 requests at once, one connection each; seconds until the last answer."""
+    if CLIENT == "httpx":
+        async with httpx.AsyncClient(timeout=120) as client:
+            started = time.perf_counter()
+            answers = await asyncio.gather(*(
+                client.post(url + "/v1/embeddings", json={"model": "mini", "input": text})
+                for text in texts))
+            took = time.perf_counter() - started
+        for answer in answers:
+            answer.raise_for_status()
+        return took
+    link = HttpLink(url, timeout_s=120, max_idle=0)  # nothing pooled: 32 clients
+    started = time.perf_counter()
+    replies = await asyncio.gather(*(
+        link.post("/v1/embeddings", orjson.dumps({"model": "mini", "input": text}),
+                  {"content-type": "application/json"}, stream=False) for text in texts))
+    took = time.perf_counter() - started
+    assert all(reply.status == 200 for reply in replies), [r.status for r in replies]
     return took
+
+
+def run(work: Coroutine[Any, Any, float]) -> float:
+    """On uvloop (as the coordinator) for the lean client, asyncio's own loop for httpx."""
+    return uvloop.run(work) if CLIENT == "lean" else asyncio.run(work)
 
 
 def main() -> None:
@@ -54,7 +76,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--wait-ms", type=float, default=5.0,
                         help="the model's max_batch_wait_ms (its default: 5)")
+    parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
+                        help="the clients' HTTP library (lean: model-boss's httptools client)")
     args = parser.parse_args()
+    global CLIENT
+    CLIENT = args.client
     from sentence_transformers import SentenceTransformer
 
     root = Path(tempfile.mkdtemp(prefix="embed-bench-"))
@@ -80,7 +106,7 @@ def main() -> None:
         ["path"], f"sides compared (torch threads here: {torch.get_num_threads()})")
     server.start(timeout=60)
     try:
-        asyncio.run(through(server.url, sentences(0)))  # load and warm
+        run(through(server.url, sentences(0)))  # load and warm
         direct.encode(sentences(0), batch_size=CLIENTS)
         baseline, via = [], []
         for round_ in range(1, args.rounds + 1):
@@ -88,7 +114,7 @@ def main() -> None:
             started = time.perf_counter()
             direct.encode(texts, batch_size=CLIENTS, show_progress_bar=False)
             baseline.append(CLIENTS / (time.perf_counter() - started))
-            via.append(CLIENTS / asyncio.run(through(server.url, texts)))
+            via.append(CLIENTS / run(through(server.url, texts)))
         slot = next(s for s in server.status()["slots"] if s["model"] == "mini")
         health = worker_health(slot)
     finally:
@@ -96,7 +122,7 @@ def main() -> None:
     base, served = statistics.median(baseline), statistics.median(via)
     print(f"\n{CLIENTS} single-sentence embedding requests at once vs one encode() of the "
           f"{CLIENTS} sentences; MiniLM-sized random BERT (6 layers, hidden 384), CPU, "
-          f"median of {args.rounds} rounds in turns\n")
+          f"median of {args.rounds} rounds in turns, the {CLIENT} client\n")
     print("| side | sentences/s | x baseline |")
     print("|---|---:|---:|")
     print(f"| encode() in one process (baseline) | {base:.0f} | 1.00× |")
