@@ -144,8 +144,13 @@ argv = sys.argv[1:]
 record = {{"argv": argv, "key_in_env": bool(os.environ.get("LLAMA_API_KEY")),
           "authorized": []}}
 out = {record_path!r}
-with open(out, "w") as handle:
-    json.dump(record, handle)
+
+def save():  # whole or not at all: the test may read it while a request is being served
+    with open(out + ".part", "w") as handle:
+        json.dump(record, handle)
+    os.replace(out + ".part", out)
+
+save()
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -162,8 +167,7 @@ class Handler(BaseHTTPRequestHandler):
     def authorized(self):
         ok = self.headers.get("authorization") == "Bearer " + os.environ["LLAMA_API_KEY"]
         record["authorized"].append([self.path, ok])
-        with open(out, "w") as handle:
-            json.dump(record, handle)
+        save()
         return ok
 
     def do_GET(self):
