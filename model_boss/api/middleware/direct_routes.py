@@ -105,8 +105,8 @@ async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
     chunks = []
     while True:
         message = await receive()
-        if message["type"] != "http.request":  # gone before its body came: nobody to answer
-            return b"".join(chunks), giving_first(message, receive)
+        if message["type"] != "http.request":  # gone before its whole body came: no body
+            return b"", giving_first(message, receive)  # (FastAPI meets the same end)
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             raw = b"".join(chunks)
