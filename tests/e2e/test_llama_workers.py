@@ -137,7 +137,7 @@ def test_each_start_gets_a_fresh_secret(server):
 
 FAKE_LLAMA_SERVER = '''#!{python}
 """A fake llama-server: records its argv and environment, serves /health and chat."""
-import json, os, sys
+import json, os, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 argv = sys.argv[1:]
@@ -146,9 +146,10 @@ record = {{"argv": argv, "key_in_env": bool(os.environ.get("LLAMA_API_KEY")),
 out = {record_path!r}
 
 def save():  # whole or not at all: the test may read it while a request is being served
-    with open(out + ".part", "w") as handle:
+    part = out + ".%d.part" % threading.get_ident()  # one per serving thread
+    with open(part, "w") as handle:
         json.dump(record, handle)
-    os.replace(out + ".part", out)
+    os.replace(part, out)
 
 save()
 
