@@ -6,7 +6,8 @@ sentence-transformers folder), serves it with ``backend: transformers`` (dynamic
 ``batch_size`` 32, ``max_batch_wait_ms`` 5 or ``--wait-ms``) and, in turns: the baseline
 encodes the 32 sentences in one call; model-boss gets them as 32 concurrent requests of one
 sentence each, one connection each (like a load generator, through model-boss's own lean HTTP
-client on uvloop; ``--client httpx`` for httpx).
+client on uvloop; ``--client httpx`` for httpx). ``--threads N`` gives both sides N torch
+threads (default: torch's own, the number of cores).
 Prints one table of medians (sentences per second) and the ratio, and the worker's batches.
 
     .venv/bin/python benchmarks/embeddings_batching.py [--rounds 15]
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 import orjson
+import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -78,7 +80,11 @@ def main() -> None:
                         help="the model's max_batch_wait_ms (its default: 5)")
     parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
                         help="the clients' HTTP library (lean: model-boss's httptools client)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads on both sides (OMP_NUM_THREADS; default: torch's)")
     args = parser.parse_args()
+    if args.threads:  # before torch is imported, here and in the coordinator's environment
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     global CLIENT
     CLIENT = args.client
     from sentence_transformers import SentenceTransformer
@@ -94,20 +100,25 @@ def main() -> None:
     import torch
 
     mb = coordinator_side(server)
-    check_sides({  # each process's torch takes its thread count from OMP_NUM_THREADS
-        "baseline": {"path": "one encode() in this process", "model": str(model_dir),
-                     "batch_size": CLIENTS, "sentences": CLIENTS, "device": "cpu",
-                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset")},
-        "model-boss": {"path": f"{CLIENTS} concurrent requests, dynamic batching "
-                               f"(max_batch_wait_ms {mb['mini.max_batch_wait_ms']})",
-                       "model": mb["mini.path"], "batch_size": mb["mini.batch_size"],
-                       "sentences": CLIENTS, "device": "cpu",
-                       "OMP_NUM_THREADS": server.env.get("OMP_NUM_THREADS", "unset")}},
-        ["path"], f"sides compared (torch threads here: {torch.get_num_threads()})")
     server.start(timeout=60)
     try:
         run(through(server.url, sentences(0)))  # load and warm
         direct.encode(sentences(0), batch_size=CLIENTS)
+        slot = next(s for s in server.status()["slots"] if s["model"] == "mini")
+        worker_env = psutil.Process(slot["pid"]).environ()
+        check_sides({  # each process's torch takes its thread count from OMP_NUM_THREADS
+            "baseline": {"path": "one encode() in this process", "model": str(model_dir),
+                         "batch_size": CLIENTS, "sentences": CLIENTS, "device": "cpu",
+                         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
+                         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "unset")},
+            "model-boss": {"path": f"{CLIENTS} concurrent requests, dynamic batching "
+                                   f"(max_batch_wait_ms {mb['mini.max_batch_wait_ms']})",
+                           "model": mb["mini.path"], "batch_size": mb["mini.batch_size"],
+                           "sentences": CLIENTS, "device": "cpu",
+                           "OMP_NUM_THREADS": worker_env.get("OMP_NUM_THREADS", "unset"),
+                           "OMP_WAIT_POLICY": worker_env.get("OMP_WAIT_POLICY", "unset")}},
+            ["path", "OMP_WAIT_POLICY"],
+            f"sides compared (torch threads here: {torch.get_num_threads()})")
         baseline, via = [], []
         for round_ in range(1, args.rounds + 1):
             texts = sentences(round_)
@@ -122,7 +133,8 @@ def main() -> None:
     base, served = statistics.median(baseline), statistics.median(via)
     print(f"\n{CLIENTS} single-sentence embedding requests at once vs one encode() of the "
           f"{CLIENTS} sentences; MiniLM-sized random BERT (6 layers, hidden 384), CPU, "
-          f"median of {args.rounds} rounds in turns, the {CLIENT} client\n")
+          f"{torch.get_num_threads()} torch threads a side, median of {args.rounds} rounds "
+          f"in turns, the {CLIENT} client\n")
     print("| side | sentences/s | x baseline |")
     print("|---|---:|---:|")
     print(f"| encode() in one process (baseline) | {base:.0f} | 1.00× |")

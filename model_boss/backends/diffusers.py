@@ -16,7 +16,7 @@ import orjson
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
-from .spare import DIFFUSERS, TakesSpares
+from .spare import DIFFUSERS, TakesSpares, torch_defaults
 
 IMAGES_ENDPOINT = "/v1/images/generations"
 _BACKGROUND: set[asyncio.Task] = set()
@@ -54,7 +54,7 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
 
     def environment(self, placement: Placement | None) -> dict[str, str]:
         env = super().environment(placement)
-        env.setdefault("HF_HUB_OFFLINE", "1")
+        torch_defaults(env)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

@@ -18,7 +18,7 @@ from ..catalog.manifest import Category, ModelManifest
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
-from .spare import TRANSFORMERS, TakesSpares
+from .spare import TRANSFORMERS, TakesSpares, torch_defaults
 
 # what each kind answers: the coordinator's endpoint → the worker's path
 SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
@@ -58,7 +58,7 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
 
     def environment(self, placement: Placement | None) -> dict[str, str]:
         env = super().environment(placement)
-        env.setdefault("HF_HUB_OFFLINE", "1")
+        torch_defaults(env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         return env
 

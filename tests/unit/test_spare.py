@@ -79,3 +79,47 @@ async def test_a_manifest_with_its_own_env_never_takes_a_spare(tmp_path):
         except Exception:  # the stand-in worker exits at once: only who asked for a spare counts
             pass
     assert taken == [DIFFUSERS]  # plain-sd asked; env-sd went straight to a new process
+
+
+async def test_torch_workers_threads_sleep_when_idle_unless_the_user_says(tmp_path, monkeypatch):
+    """Cold starts and spares alike get ``OMP_WAIT_POLICY=PASSIVE`` (idle torch threads would
+    spin on the cores the coordinator serves from); a manifest's env or the coordinator's own
+    environment wins."""
+    from model_boss.backends.transformers import TransformersBackend
+
+    (tmp_path / "emb").mkdir()
+    manifest_file = tmp_path / "m.yaml"
+    manifest_file.write_text(
+        f"- {{id: plain, category: embedding, backend: transformers, path: {tmp_path / 'emb'}}}\n"
+        f"- {{id: spins, category: embedding, backend: transformers, path: {tmp_path / 'emb'}, "
+        f"env: {{OMP_WAIT_POLICY: ACTIVE}}}}\n"
+        f"- {{id: sd, category: diffusion, backend: diffusers, path: {tmp_path / 'emb'}}}\n")
+    entries = Catalog(load_manifests([manifest_file]), tmp_path)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    policy = {model: kind(entries.get(model), settings(tmp_path)).environment(None)
+              .get("OMP_WAIT_POLICY") for model, kind in
+              (("plain", TransformersBackend), ("spins", TransformersBackend),
+               ("sd", DiffusersBackend))}
+    assert policy == {"plain": "PASSIVE", "spins": "ACTIVE", "sd": "PASSIVE"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert TransformersBackend(entries.get("plain"), settings(tmp_path)).environment(None)[
+        "OMP_WAIT_POLICY"] == "ACTIVE"
+
+    started: list[dict[str, str]] = []
+
+    class Recorded(spare_module.WorkerProcess):
+        def __init__(self, *args, env=None, **kwargs):
+            started.append(dict(env or {}))
+            super().__init__(*args, env=env, **kwargs)
+
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setattr(spare_module, "WorkerProcess", Recorded)
+    monkeypatch.setattr(spare_module, "spare_argv",
+                        lambda kind, port: [sys.executable, "-c", "import sys; sys.exit(3)"])
+    spares = SpareWorkers(settings(tmp_path), EventBus())
+    spares.replenish(DIFFUSERS)
+    async with asyncio.timeout(10):
+        while not started:  # noqa: ASYNC110 (no event for it)
+            await asyncio.sleep(0.05)
+    await spares.shutdown()
+    assert started[0]["OMP_WAIT_POLICY"] == "PASSIVE"
