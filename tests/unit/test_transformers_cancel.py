@@ -5,13 +5,21 @@ rerank request still queued leaves the queue and never runs)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from typing import Any
 
+import httpx
+import numpy as np
+import orjson
 import pytest
 
+from workers.transformers.app import create_app
 from workers.transformers.batcher import Batcher
 from workers.transformers.cancel import Cancelled, Tickets
+from workers.transformers.engine import Engine
 from workers.transformers.errors import WorkerError
+from workers.transformers.options import WorkerOptions
 
 
 def test_a_cancel_reaches_an_open_ticket_and_is_counted_once_closed():
@@ -95,3 +103,85 @@ async def test_a_request_cancelled_while_its_batch_runs_gets_cancelled_not_its_r
     finally:
         release.set()
         await batcher.stop()
+
+
+class _Voice(Engine):
+    """A speaking engine without a model: each sentence is 0.1 s of silence."""
+
+    speakers = 1
+    sets_speed = False
+
+    def __init__(self) -> None:
+        super().__init__(WorkerOptions(model="voice", task="tts", port=0))
+        self.state, self.rate = "ready", 16000
+
+    def synthesize(self, text: str, *, speed: float = 1.0, speaker: int | None = None,
+                   ticket: Any = None) -> Any:
+        if ticket is not None:
+            ticket.check()
+        return np.zeros(1600, dtype=np.float32)
+
+
+async def _speak(app: Any, spec: str, send: Any, receive: Any) -> None:
+    """One ``POST /v1/audio/speech`` (two sentences, streamed as pcm) straight into the ASGI
+    app, as a server speaking ASGI ``spec`` would."""
+    body = orjson.dumps({"input": "One sentence. And another.", "response_format": "pcm",
+                         "request_id": "talk"})
+    given = False
+
+    async def first_then(message_after: Any) -> Any:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await message_after()
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": spec},
+             "http_version": "1.1", "method": "POST", "scheme": "http", "path": "/v1/audio/speech",
+             "raw_path": b"/v1/audio/speech", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, lambda: first_then(receive), send)
+
+
+@pytest.mark.parametrize("spec", ["2.4", "2.3"])
+async def test_a_speech_stream_whose_client_left_before_it_began_closes_its_ticket(spec):
+    """The client gone before the answer's first byte: the stream never starts (an unstarted
+    generator has no ``finally`` to run), yet its ticket is closed, not left running."""
+    app = create_app(_Voice())
+
+    async def gone() -> Any:
+        return {"type": "http.disconnect"}
+
+    async def refused(message: Any) -> None:
+        raise OSError("the client is gone")
+
+    with contextlib.suppress(Exception):  # (no lifespan: speech needs no batcher)
+        await _speak(app, spec, refused, gone)
+    await asyncio.sleep(0.1)  # a generator closed by its finalizer gets its turn
+    assert await _health(app) == ([], 1)  # and counted as stopped short
+
+
+async def test_a_speech_stream_read_to_its_end_closes_its_ticket_uncancelled():
+    app = create_app(_Voice())
+    sent: list[Any] = []
+
+    async def keep(message: Any) -> None:
+        sent.append(message)
+
+    async def waits() -> Any:
+        await asyncio.sleep(3600)
+
+    await _speak(app, "2.4", keep, waits)
+    audio = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert sent[0]["status"] == 200 and len(audio) == 2 * 1600 * 2  # two sentences, 16-bit
+    assert await _health(app) == ([], 0)
+
+
+async def _health(app: Any) -> tuple[list[str], int]:
+    """The worker's open requests and how many a cancel (or a client gone) stopped."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+        health = (await client.get("/health")).json()
+    return health["running"], health["cancelled"]

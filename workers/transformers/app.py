@@ -40,7 +40,7 @@ import numpy as np
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from ..auth import require_key
@@ -305,19 +305,19 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                 tickets.close(ticket)
 
         async def stream():
-            done = False
             try:
                 yield first
                 for text in pieces[1:]:
                     yield await piece(text)
                 yield encoder.close()
-                done = True
+                response.finished = True
             except Cancelled:  # the answer has begun: it ends short
                 return
-            finally:
-                tickets.close(ticket, stopped=not done)
 
-        return StreamingResponse(stream(), media_type=encoder.content_type)
+        response = speech.EndingStream(
+            stream(), lambda finished: tickets.close(ticket, stopped=not finished),
+            encoder.content_type)
+        return response
 
     @app.post("/cancel")
     async def cancel(body: CancelBody | None = None) -> dict[str, Any]:

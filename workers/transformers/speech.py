@@ -4,14 +4,34 @@ name, text cut into sentences for synthesis piece by piece, and a ``voice`` as a
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .errors import WorkerError
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:。！？])\s+|\n+")
 MAX_PIECE_CHARS = 400  # a sentence longer than this is cut at a space
+
+
+class EndingStream(StreamingResponse):
+    """A stream that calls ``ended(finished)`` once however it ends: read to its end, its
+    reader gone mid-way, or never begun (a generator that never started has no ``finally`` to
+    run, so a ticket closed there would stay open)."""
+
+    def __init__(self, content: AsyncIterator[bytes], ended: Callable[[bool], None],
+                 media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._ended = ended
+        self.finished = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self._ended(self.finished)
 
 
 def transcript(heard: dict[str, Any], response_format: str, task: str) -> Response:
