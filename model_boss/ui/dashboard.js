@@ -129,6 +129,7 @@ const keySet = () => new Promise((resolve) => keyEvents.addEventListener("key", 
 
 async function api(method, path, body) {
   for (;;) {
+    const sentWith = storedKey();
     const init = {method, headers: {...authHeaders()}, cache: "no-store"};
     if (body !== undefined) {
       init.headers["content-type"] = "application/json";
@@ -136,6 +137,7 @@ async function api(method, path, body) {
     }
     const response = await fetch(path, init);
     if (response.status === 401) {
+      if (storedKey() !== sentWith) continue;  // a newer key came while it was on its way
       setLive("locked", "key needed");
       if (await askKey(keyReason())) continue;
       throw new ApiError(401, {error: {message: "no key given", code: "invalid_api_key"}});
@@ -277,9 +279,11 @@ async function streamEvents() {
   let delay = 1000;
   for (;;) {
     try {
+      const sentWith = storedKey();
       const response = await fetch(`/api/v1/events?since=${state.lastSeq}`, {
         headers: {...authHeaders(), accept: "text/event-stream"}, cache: "no-store"});
       if (response.status === 401) {
+        if (storedKey() !== sentWith) continue;  // refused an older key: try the new one
         setLive("locked", "key needed");
         if (!(await askKey(keyReason()))) await keySet();
         continue;

@@ -350,6 +350,51 @@ def test_admin_key_is_asked_for_and_kept_in_the_session_only(browser, tmp_path_f
 
 
 # ---------------------------------------------------------------- the panels that show time
+def test_a_refusal_of_a_key_already_replaced_does_not_ask_again(browser, tmp_path_factory,
+                                                                demo_gguf):
+    """A wrong key, then the right one while a request sent with the wrong one is still on its
+    way: that request's 401 comes after the right key is saved. It is sent again with the new
+    key instead of asking once more (which left the page's status read waiting on a dialog,
+    its panels "Loading…")."""
+    srv = ServerProcess(tmp_path_factory.mktemp("dashboard-late-401"),
+                        {**GPU, "admin_api_key": "s3cret-admin"}, two_models(demo_gguf))
+    srv.start()
+    context = browser.new_context()
+    held = []
+
+    def status_route(route):
+        if route.request.headers.get("authorization") == "Bearer wrong":
+            held.append(route)  # answered (401) only once the right key is in
+        else:
+            route.continue_()
+
+    try:
+        page = context.new_page()
+        page.route("**/api/v1/status", status_route)
+        assert page.goto(srv.url + "/ui").ok
+        dialog = page.locator("#key-dialog")
+        expect(dialog).to_be_visible()
+        page.fill("#key-input", "wrong")
+        page.click("#key-save")
+        expect(page.locator("#key-why")).to_contain_text("refused")  # the events stream's 401
+        for _ in range(100):  # the page's status read with the wrong key reaches the route
+            if held:
+                break
+            page.wait_for_timeout(50)  # (route handlers run while Playwright is called)
+        assert held, "the status read with the wrong key was not held"
+        page.fill("#key-input", "s3cret-admin")
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_hidden()
+        for route in held:
+            route.continue_()  # the server refuses the wrong key now, too late to matter
+        expect(card(page, "smol-b").locator(".badge.state")).to_have_text("idle")
+        expect(dialog).to_be_hidden()
+        expect(page.locator("#live")).to_have_text("live")
+    finally:
+        context.close()
+        srv.stop()
+
+
 # GET /api/v1/history and /api/v1/requests are stubbed with page.route: these tests are about
 # what the page draws from answers of that shape, not about how the server keeps them.
 
