@@ -5,6 +5,13 @@ A ``*.gguf`` is served by llama.cpp under its file stem, lowercased; the parts o
 projector of the models beside it, not a model; a folder holding ``model_index.json`` is a
 diffusers pipeline. The GGUF header says the rest: the trained context (served: the smaller of
 it and ``default_ctx_size``) and, from its pooling type, whether it embeds or reranks.
+
+A folder with a ``config.json`` and its weights, as ``save_pretrained`` (or a hub download)
+leaves it, is a transformers model when its files say which kind: a sentence-transformers
+folder (``modules.json``) embeds, or reranks when it is a CrossEncoder; a sequence classifier
+with one label reranks; Whisper and CTC models (Wav2Vec2, HuBERT) transcribe; VITS models
+(MMS-TTS) speak. Other transformers folders (a causal LM, a classifier with several labels)
+are not models here. Like a pipeline, a model's folder is not looked into further.
 """
 
 from __future__ import annotations
@@ -37,10 +44,53 @@ class FoundModel:
     """One model file (or diffusers folder) under ``models_dir``."""
 
     id: str
-    path: Path  # the file (a split model's first part) or the pipeline's folder
-    kind: str  # "gguf" | "diffusers"
+    path: Path  # the file (a split model's first part), or the pipeline's or model's folder
+    kind: str  # "gguf" | "diffusers" | "transformers"
     mmproj: Path | None = None
     parts: int = 1
+    category: Category | None = None  # a transformers model's kind
+
+
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+           "pytorch_model.bin.index.json")
+SPEECH_RECOGNISERS = ("ForCTC", "ForSpeechSeq2Seq", "WhisperForConditionalGeneration")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def transformers_kind(folder: Path, files: list[str]) -> Category | None:
+    """What a transformers folder serves, from its files; None when it is not one of the kinds
+    the transformers worker runs (or has no weights)."""
+    if "config.json" not in files or not any(f in WEIGHTS or (
+            f.startswith("model-") and f.endswith(".safetensors")) for f in files):
+        return None
+    if "modules.json" in files:  # sentence-transformers
+        kind = _json(folder / "config_sentence_transformers.json").get("model_type")
+        if kind in (None, "SentenceTransformer"):
+            return Category.EMBEDDING
+        return Category.RERANK if kind == "CrossEncoder" else None  # (sparse: not served)
+    config = _json(folder / "config.json")
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    model_type = config.get("model_type")
+    if model_type == "whisper" or any(a.endswith(SPEECH_RECOGNISERS) for a in architectures):
+        return Category.STT
+    if model_type == "vits" or "VitsModel" in architectures:
+        return Category.TTS
+    labels = config.get("id2label") or {}
+    if any(a.endswith("ForSequenceClassification") for a in architectures) and (
+            config.get("num_labels") == 1 or len(labels) == 1):
+        return Category.RERANK
+    return None
+
+
+def _model_folder(folder: Path, files: list[str]) -> bool:
+    return "model_index.json" in files or transformers_kind(folder, files) is not None
 
 
 def _visible(name: str) -> bool:
@@ -60,7 +110,7 @@ def _walk(root: Path, max_depth: int):
             continue
         files = [e.name for e in items if _visible(e.name) and e.is_file()]
         yield folder, files
-        if "model_index.json" in files or depth >= max_depth:
+        if depth >= max_depth or (depth > 0 and _model_folder(folder, files)):
             continue
         stack.extend((Path(e.path), depth + 1) for e in reversed(items)
                      if _visible(e.name) and e.is_dir())
@@ -84,6 +134,11 @@ def scan(models_dir: Path, max_depth: int = MAX_DEPTH) -> list[FoundModel]:
     for folder, files in _walk(models_dir, max_depth):
         if "model_index.json" in files and folder != models_dir:
             found.append(FoundModel(name(folder.name, folder.parent), folder, "diffusers"))
+            continue
+        category = transformers_kind(folder, files) if folder != models_dir else None
+        if category is not None:
+            found.append(FoundModel(name(folder.name, folder.parent), folder, "transformers",
+                                    category=category))
             continue
         ggufs = [f for f in files if f.lower().endswith(".gguf")]
         projectors = [f for f in ggufs if f.lower().startswith("mmproj")]
@@ -118,6 +173,10 @@ def describe(found: FoundModel, default_ctx_size: int, pulled: bool = False) -> 
     if found.kind == "diffusers":
         return ModelManifest(id=found.id, category=Category.DIFFUSION,
                              backend=BackendKind.DIFFUSERS, path=str(found.path),
+                             source=source)
+    if found.kind == "transformers":
+        return ModelManifest(id=found.id, category=found.category,
+                             backend=BackendKind.TRANSFORMERS, path=str(found.path),
                              source=source)
     fields: dict[str, Any] = {"id": found.id, "path": str(found.path), "source": source,
                               "ctx_size": default_ctx_size}

@@ -73,6 +73,71 @@ def test_a_diffusers_folder_is_one_model_and_is_not_entered(tmp_path):
     assert [(f.id, f.kind) for f in found] == [("tiny-sd", "diffusers")]
 
 
+def _folder(root: Path, name: str, files: dict[str, object]) -> None:
+    """A model folder as a hub download or ``save_pretrained`` leaves it (weights stand-in)."""
+    (root / name).mkdir(parents=True)
+    for file, content in files.items():
+        (root / name / file).write_text(content if isinstance(content, str)
+                                        else json.dumps(content))
+
+
+ST_CONFIG = "config_sentence_transformers.json"
+TRANSFORMERS_FOLDERS = {  # name: (files, the kind it serves or None)
+    "bge-small-en": ({"config.json": {"architectures": ["BertModel"]}, "modules.json": [],
+                      ST_CONFIG: {"model_type": "SentenceTransformer"},
+                      "model.safetensors": ""}, "embedding"),
+    "e5-older": ({"config.json": {"architectures": ["BertModel"]}, "modules.json": [],
+                  "pytorch_model.bin": ""}, "embedding"),  # no model_type: older releases
+    "ce-saved": ({"config.json": {"architectures": ["BertForSequenceClassification"]},
+                  "modules.json": [], ST_CONFIG: {"model_type": "CrossEncoder"},
+                  "model.safetensors": ""}, "rerank"),
+    "bge-reranker": ({"config.json": {"architectures": ["XLMRobertaForSequenceClassification"],
+                                      "id2label": {"0": "LABEL_0"}},
+                      "model.safetensors": ""}, "rerank"),
+    "sentiment": ({"config.json": {"architectures": ["BertForSequenceClassification"],
+                                   "id2label": {"0": "NEG", "1": "POS"}},
+                   "model.safetensors": ""}, None),  # a classifier, no reranker
+    "whisper-tiny": ({"config.json": {"architectures": ["WhisperForConditionalGeneration"],
+                                      "model_type": "whisper"},
+                      "model.safetensors": ""}, "stt"),
+    "wav2vec2": ({"config.json": {"architectures": ["Wav2Vec2ForCTC"]},
+                  "pytorch_model.bin": ""}, "stt"),
+    "mms-tts-eng": ({"config.json": {"architectures": ["VitsModel"], "model_type": "vits"},
+                     "model.safetensors": ""}, "tts"),
+    "sharded": ({"config.json": {"model_type": "whisper"},
+                 "model-00001-of-00002.safetensors": "",
+                 "model.safetensors.index.json": {}}, "stt"),
+    "qwen-chat": ({"config.json": {"architectures": ["Qwen2ForCausalLM"]},
+                   "model.safetensors": ""}, None),  # an LLM in transformers' form: no
+    "no-weights": ({"config.json": {"model_type": "whisper"}}, None),  # a download cut short
+    "sparse": ({"config.json": {}, "modules.json": [], ST_CONFIG: {"model_type": "SparseEncoder"},
+                "model.safetensors": ""}, None),
+}
+
+
+def test_transformers_folders_are_models_of_the_kind_their_files_say(tmp_path):
+    for name, (files, _kind) in TRANSFORMERS_FOLDERS.items():
+        _folder(tmp_path / "models" / "hub", name, files)
+    found = models(tmp_path)
+    kinds = {name: (str(found[name].manifest.category) if name in found else None)
+             for name in TRANSFORMERS_FOLDERS}
+    assert kinds == {name: kind for name, (_files, kind) in TRANSFORMERS_FOLDERS.items()}
+    embedder = found["bge-small-en"]
+    assert (embedder.manifest.backend, embedder.manifest.source, embedder.path) == (
+        "transformers", "discovered", tmp_path / "models" / "hub" / "bge-small-en")
+    assert embedder.available
+
+
+def test_a_transformers_folder_is_not_looked_into(tmp_path):
+    files, _kind = TRANSFORMERS_FOLDERS["bge-small-en"]
+    _folder(tmp_path / "models", "st", files)
+    _folder(tmp_path / "models" / "st", "1_Pooling", {"config.json": {}})
+    write_gguf(tmp_path / "models" / "st" / "onnx" / "stray.gguf")
+    write_gguf(tmp_path / "models" / "beside.gguf")
+    assert [(f.id, f.kind) for f in scan(tmp_path / "models")] == [
+        ("beside", "gguf"), ("st", "transformers")]
+
+
 @pytest.mark.parametrize(("arch", "pooling", "category", "embeddings", "reranking"), [
     ("llama", None, "llm", False, False),
     ("bert", 2, "embedding", True, False),      # cls
