@@ -1,4 +1,5 @@
-"""Pulling a GGUF model from the Hugging Face Hub into ``models_dir``, resolved through the real
+"""Pulling a GGUF model (or a transformers model's folder: ``pull_folder``) from the Hugging
+Face Hub into ``models_dir``, resolved through the real
 ``huggingface_hub`` client (the file list, sizes, checksums and URLs; HF_TOKEN, HF_ENDPOINT or
 the ``hf_endpoint`` setting honoured; a file already in the hub cache is taken from there).
 
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest, Forbidden, ModelBossError, ModelNotFound, UpstreamError
-from .discovery import PULLS_FILE, SPLIT, read_pulls
+from .discovery import PULLS_FILE, SPLIT, read_pulls, transformers_kind
+from .pull_folder import choose_folder_files, is_folder_repo
 
 Report = Callable[[dict[str, Any]], None]
 # the quantization picked when a repository holds several and the source names none
@@ -175,7 +177,8 @@ class _File:
 
 def pull_files(source: PullSource, models_dir: Path, report: Report,
                cancelled: threading.Event, endpoint: str | None = None) -> Path:
-    """Fetch ``source`` into ``models_dir``; the model file (a split one's first part)."""
+    """Fetch ``source`` into ``models_dir``; the model file (a split one's first part), or a
+    transformers model's folder."""
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.utils import build_hf_headers
 
@@ -183,11 +186,15 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
     try:
         files = [source.filename] if source.filename else \
             HfApi(endpoint=endpoint).list_repo_files(source.repo)
+        whole = not (source.filename or source.quant) and is_folder_repo(files)
+        # a folder is fetched into ORG/REPO.partial (discovery does not see it) and named
+        # ORG/REPO once every file is there and verified
+        folder = models_dir / source.repo
+        into = folder.with_name(folder.name + ".partial") if whole else folder
         wanted = []
-        for name in choose_files(files, source):
+        for name in (choose_folder_files(files) if whole else choose_files(files, source)):
             meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
-            wanted.append(_File(name, meta.location, meta.size or 0, meta.etag,
-                                models_dir / source.repo / name))
+            wanted.append(_File(name, meta.location, meta.size or 0, meta.etag, into / name))
         headers = build_hf_headers(library_name="model-boss")
     except ModelBossError:
         raise
@@ -197,7 +204,15 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
     if _free_mb(models_dir) < need_mb + 64:
         raise NoRoom(f"{source} needs {need_mb} MB; {models_dir} has "
                      f"{_free_mb(models_dir)} MB free", retry_after_s=60)
-    for file in wanted:
+    if whole and folder.exists():
+        raise BadRequest(f"{source.repo} is in {models_dir.name} already: remove it first "
+                         "(DELETE /api/v1/models/NAME) to pull it again", status_code=409,
+                         param="source", code="already_pulled")
+    checked = not whole
+    for file in sorted(wanted, key=lambda f: (not f.name.endswith(".json"), f.size)):
+        if not checked and not file.name.endswith(".json"):  # its configs say its kind
+            _check_kind(source, into, [f.name for f in wanted])
+            checked = True
         cached = try_to_load_from_cache(source.repo, file.name)
         if isinstance(cached, str) and Path(cached).stat().st_size == file.size:
             _link(Path(cached), file.partial)  # the hub cache has it already
@@ -205,9 +220,25 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
         report({"status": "verifying", "file": file.name})
         _verify(file)
         os.replace(file.partial, file.dest)
-    _record(models_dir, [f.dest for f in wanted], source, [f.etag for f in wanted])
-    report({"status": "placed", "file": wanted[0].dest.relative_to(models_dir).as_posix()})
-    return wanted[0].dest
+    if not checked:
+        _check_kind(source, into, [f.name for f in wanted])
+    placed = [folder] if whole else [f.dest for f in wanted]
+    if whole:
+        os.replace(into, folder)
+    _record(models_dir, placed, source, [None] if whole else [f.etag for f in wanted])
+    report({"status": "placed", "file": placed[0].relative_to(models_dir).as_posix()})
+    return placed[0]
+
+
+def _check_kind(source: PullSource, into: Path, names: list[str]) -> None:
+    """Before the weights come: a folder the transformers worker would not serve is refused
+    (and what was fetched of it deleted)."""
+    if transformers_kind(into, names) is None:
+        shutil.rmtree(into, ignore_errors=True)
+        raise BadRequest(f"{source.repo} is no embedder, reranker, speech recogniser or voice "
+                         "the transformers worker serves (for a chat model, pull a GGUF "
+                         "repository)", status_code=422, param="source",
+                         code="unsupported_model")
 
 
 def _size(path: Path) -> int:

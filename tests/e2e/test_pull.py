@@ -156,3 +156,28 @@ def test_the_cli_pull_draws_progress_and_names_the_model(server, hub, capsys, mo
     assert "c-Q8_0.gguf" in out.err  # the bar
     assert cli_main(["--url", server.url, "pull", "hf://cli/none:Q4_0"]) == 1
     assert "not found on the hub" in capsys.readouterr().err
+
+
+def test_a_transformers_repository_is_pulled_whole_listed_and_removed(server, hub,
+                                                                     monkeypatch):
+    """``hf://ORG/REPO`` with no GGUF and a ``config.json``: the folder, fetched beside the
+    models and named once whole, is served as its kind; ``rm`` deletes the folder."""
+    monkeypatch.setenv("MODEL_BOSS_ADMIN_API_KEY", "admin-key")
+    for name, data in {"config.json": b'{"architectures": ["XLMRobertaForSequenceClassification"]'
+                                      b', "id2label": {"0": "LABEL_0"}}',
+                       "tokenizer.json": b"{}", "model.safetensors": b"\0" * 500_000,
+                       "onnx/model.onnx": b"\1" * 1000}.items():
+        hub.add_file("BAAI/tiny-reranker", name, data)
+    lines = pull(server, "hf://BAAI/tiny-reranker")
+    assert lines[-1] == {"status": "success", "model": "tiny-reranker",
+                         "path": "BAAI/tiny-reranker"}
+    listed = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
+    entry = next(m for m in listed if m["id"] == "tiny-reranker")
+    assert (entry["category"], entry["source"]) == ("rerank", "pulled")
+    folder = server.workdir / "models" / "BAAI" / "tiny-reranker"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors",
+                                                        "tokenizer.json"]
+    assert cli_main(["--url", server.url, "rm", "tiny-reranker"]) == 0
+    assert not folder.exists() and "tiny-reranker" not in models(server)
+    record = json.loads((server.workdir / "models" / ".model-boss-pulls.json").read_text())
+    assert "BAAI/tiny-reranker" not in record

@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
+from model_boss.catalog import Catalog
 from model_boss.catalog import pull as pull_module
+from model_boss.catalog.discovery import discover, scan
 from model_boss.catalog.pull import (
     NoRoom,
     PullCancelled,
@@ -16,6 +18,7 @@ from model_boss.catalog.pull import (
     parse_source,
     pull_files,
 )
+from model_boss.catalog.pull_folder import choose_folder_files
 from model_boss.errors import BadRequest, ModelNotFound
 from tests.hub_standin import HubStandin
 
@@ -100,3 +103,97 @@ def test_a_cancelled_pull_keeps_its_part_for_the_next_one(hub, tmp_path):
     done = pull_files(parse_source("hf://o/r:Q4_0"), tmp_path, lambda r: None,
                       threading.Event(), endpoint=hub.url)
     assert done.read_bytes() == b"GGUF" + b"\0" * 3_000_000
+
+
+EMBEDDER_REPO = {  # a sentence-transformers repository as the hub holds one
+    "config.json": b'{"architectures": ["BertModel"], "model_type": "bert"}',
+    "modules.json": b"[]",
+    "config_sentence_transformers.json": b'{"model_type": "SentenceTransformer"}',
+    "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}',
+    "tokenizer.json": b"{}",
+    "model.safetensors": b"\0" * 2_000_000,
+    "pytorch_model.bin": b"\1" * 2_000_000,  # the same weights pickled: not fetched
+    "onnx/model.onnx": b"\2" * 1000,
+    "openvino/openvino_model.xml": b"<xml/>",
+    "tf_model.h5": b"\3" * 1000,
+    ".gitattributes": b"*.bin filter=lfs\n",
+}
+
+
+@pytest.fixture
+def folder_hub():
+    with HubStandin() as standin:
+        for name, data in EMBEDDER_REPO.items():
+            standin.add_file("o/embedder", name, data)
+        standin.add_file("o/chat", "config.json", b'{"architectures": ["Qwen2ForCausalLM"]}')
+        standin.add_file("o/chat", "model.safetensors", b"\0" * 1_000_000)
+        yield standin
+
+
+def test_a_transformers_repository_is_pulled_as_the_folder_the_worker_loads(folder_hub,
+                                                                            tmp_path):
+    reports = []
+    folder = pull_files(parse_source("hf://o/embedder"), tmp_path, reports.append,
+                        threading.Event(), endpoint=folder_hub.url)
+    assert folder == tmp_path / "o" / "embedder"
+    got = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert got == ["1_Pooling/config.json", "config.json", "config_sentence_transformers.json",
+                   "model.safetensors", "modules.json", "tokenizer.json"]
+    assert (folder / "model.safetensors").read_bytes() == EMBEDDER_REPO["model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["embedder"]  # no staging
+    assert reports[-1] == {"status": "placed", "file": "o/embedder"}
+    found = {e.manifest.id: e.manifest for e in Catalog(discover(tmp_path, 4096), tmp_path)}
+    assert (str(found["embedder"].category), found["embedder"].source) == ("embedding",
+                                                                          "pulled")
+    with pytest.raises(BadRequest) as again:
+        pull_files(parse_source("hf://o/embedder"), tmp_path, lambda r: None,
+                   threading.Event(), endpoint=folder_hub.url)
+    assert (again.value.status_code, again.value.code) == (409, "already_pulled")
+
+
+def test_a_folder_cut_short_is_never_seen_and_the_next_pull_finishes_it(folder_hub, tmp_path):
+    cancel = threading.Event()
+
+    def report(item):
+        if item["status"] == "downloading" and item["file"] == "model.safetensors":
+            cancel.set()
+
+    with pytest.raises(PullCancelled):
+        pull_files(parse_source("hf://o/embedder"), tmp_path, report, cancel,
+                   endpoint=folder_hub.url)
+    assert (tmp_path / "o" / "embedder.partial" / "config.json").exists()
+    assert not (tmp_path / "o" / "embedder").exists() and scan(tmp_path) == []
+    folder = pull_files(parse_source("hf://o/embedder"), tmp_path, lambda r: None,
+                        threading.Event(), endpoint=folder_hub.url)
+    assert (folder / "model.safetensors").read_bytes() == EMBEDDER_REPO["model.safetensors"]
+    resumed = [r.range for r in folder_hub.requests
+               if r.method == "GET" and r.path.endswith("/model.safetensors")]
+    assert resumed[0] is None and resumed[-1].startswith("bytes=") and resumed[-1] != "bytes=0-"
+
+
+def test_a_repository_of_no_kind_served_is_refused_before_its_weights(folder_hub, tmp_path):
+    with pytest.raises(BadRequest) as refused:
+        pull_files(parse_source("hf://o/chat"), tmp_path, lambda r: None, threading.Event(),
+                   endpoint=folder_hub.url)
+    assert (refused.value.status_code, refused.value.code) == (422, "unsupported_model")
+    assert "pull a GGUF" in refused.value.message
+    assert not any(r.method == "GET" and r.path.endswith(".safetensors")
+                   for r in folder_hub.requests)
+    assert not (tmp_path / "o" / "chat").exists() and \
+        not (tmp_path / "o" / "chat.partial").exists()
+
+
+@pytest.mark.parametrize(("files", "chosen"), [
+    (["config.json", "pytorch_model.bin"], ["config.json", "pytorch_model.bin"]),  # bin only
+    (["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+      "model.safetensors.index.json", "pytorch_model-00001-of-00002.bin",
+      "pytorch_model.bin.index.json"],
+     ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+      "model.safetensors.index.json"]),
+    (["config.json", "model.safetensors", "flax_model.msgpack", "coreml/x.mlmodel",
+      "preprocessor_config.json", "vocab.json", "merges.txt", "README.md"],
+     ["config.json", "model.safetensors", "preprocessor_config.json", "vocab.json",
+      "merges.txt", "README.md"]),
+])
+def test_the_files_a_folder_pull_takes(files, chosen):
+    assert choose_folder_files(files) == chosen
