@@ -5,6 +5,7 @@ transformers worker through the official clients."""
 from __future__ import annotations
 
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -52,6 +53,10 @@ def test_model_folders_under_models_dir_are_served_without_a_manifest(tmp_path_f
         spoken = client.audio.speech.create(model="tiny-mms-tts", input="Hello there.",
                                             voice="alloy", response_format="wav")
         assert spoken.content[:4] == b"RIFF"
+        listed = {m.model: m.size for m in ollama.Client(host=srv.url).list().models}
+        embedder = models_dir / "hub" / "MiniLM-embedder"
+        assert listed["minilm-embedder"] == sum(
+            f.stat().st_size for f in embedder.rglob("*") if f.is_file()) > 100_000
         assert srv.status()["slots"] and all(
             s["model"] in kinds for s in srv.status()["slots"])
     finally:

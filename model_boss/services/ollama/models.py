@@ -65,10 +65,14 @@ def digest(entry: CatalogEntry) -> str:
 
 
 def _stat(path: Path | None) -> tuple[int, float | None]:
+    """The model's bytes (a folder's: its files', links followed as the hub cache makes them)
+    and its modification time."""
     try:
         if path is not None:
             stat = path.stat()
-            return (stat.st_size if path.is_file() else 0), stat.st_mtime
+            if path.is_file():
+                return stat.st_size, stat.st_mtime
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()), stat.st_mtime
     except OSError:
         pass
     return 0, None
