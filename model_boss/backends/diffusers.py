@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..catalog.manifest import ModelManifest
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
@@ -31,6 +32,11 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
     can_offload = True
     health_path = "/health"
     secret_env = "WORKER_API_KEY"  # workers/diffusers/options.py reads it
+
+    @staticmethod
+    def serves(manifest: ModelManifest) -> list[str]:
+        """The endpoints a pipeline answers (checked before it is loaded)."""
+        return [IMAGES_ENDPOINT]
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",

@@ -30,6 +30,7 @@ class LlamaBackends:
     """The pool's factory for ``backend: llama-server``: the class of the manifest's kind."""
 
     choices_per_request = LlamaServerBackend.choices_per_request
+    refuses = LlamaServerBackend.refuses
 
     def __call__(self, entry: CatalogEntry, settings: Settings) -> LlamaServerBackend:
         kinds: dict[LlamaWorker, type[LlamaServerBackend]] = {

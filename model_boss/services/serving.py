@@ -121,8 +121,9 @@ def _refusal(coord: Coordinator, model_id: str, endpoint: str,
     if found is None:  # removed by a reload since the route was chosen: the next rung
         return ModelNotFound(f"The model '{model_id}' does not exist", param="model")
     manifest = found.manifest
-    return _wrong_kind(manifest, endpoint) or _not_turned_on(coord, manifest, endpoint) \
-        or _blind(manifest, endpoint, body) or _too_many_choices(manifest, endpoint, body)
+    return _wrong_kind(coord, manifest, endpoint) \
+        or _not_turned_on(coord, manifest, endpoint) or _blind(manifest, endpoint, body) \
+        or _too_many_choices(manifest, endpoint, body)
 
 
 async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
@@ -204,16 +205,31 @@ def default_task(coord: Coordinator) -> str:
     return name
 
 
-def _wrong_kind(manifest: ModelManifest, endpoint: str) -> BadRequest | None:
-    """A worker kind that says which endpoints it serves (an embedder: /v1/embeddings) is not
-    loaded for another: the request is refused (or passed to the next rung) at once."""
-    serves = getattr(BACKENDS.get(manifest.backend), "serves", None)
+def _wrong_kind(coord: Coordinator, manifest: ModelManifest,
+                endpoint: str) -> BadRequest | None:
+    """A worker kind that says which endpoints it serves (an embedder: /v1/embeddings), or
+    which it refuses (llama.cpp: audio and images), is not loaded for another: the request is
+    refused (or passed to the next rung) at once, naming the models that do serve it."""
+    backend = BACKENDS.get(manifest.backend)
+    serves = getattr(backend, "serves", None)
     endpoints = serves(manifest) if serves is not None else None
-    if endpoints is None or endpoint in endpoints:
+    if endpoint in getattr(backend, "refuses", ()):
+        served = f"it does not serve {endpoint}"
+    elif endpoints is None or endpoint in endpoints:
         return None
-    return BadRequest(f"'{manifest.id}' is a model of kind '{manifest.category}'; it serves "
-                      f"{', '.join(endpoints) or 'nothing'}, not {endpoint}", param="model",
-                      code="unsupported_endpoint")
+    else:
+        served = f"it serves {', '.join(endpoints) or 'nothing'}, not {endpoint}"
+    others = [e.manifest.id for e in coord.catalog if e.available
+              and endpoint in _listed(e.manifest)]
+    return BadRequest(f"'{manifest.id}' is a model of kind '{manifest.category}'; {served}"
+                      + (f"; models that do: {', '.join(others)}" if others else ""),
+                      param="model", code="unsupported_endpoint")
+
+
+def _listed(manifest: ModelManifest) -> list[str]:
+    """The endpoints a model's kind names as its own (none for kinds that take anything)."""
+    serves = getattr(BACKENDS.get(manifest.backend), "serves", None)
+    return serves(manifest) if serves is not None else []
 
 
 # what a llama.cpp model serves only when its manifest turns it on: endpoints, field, words

@@ -366,6 +366,8 @@ def test_an_upload_over_the_limit_is_a_413(server):
     ("/v1/embeddings", {"model": "voice", "input": "hi"}, None),
     ("/v1/audio/transcriptions", {"model": "voice"}, True),
     ("/v1/audio/translations", {"model": "ears"}, True),  # CTC models do not translate
+    ("/v1/audio/speech", {"model": "smol", "input": "hi"}, None),  # llama.cpp: no audio
+    ("/v1/audio/transcriptions", {"model": "smol"}, True),
 ])
 def test_an_endpoint_the_models_kind_does_not_serve_is_a_400(server, path, body, files):
     if files:

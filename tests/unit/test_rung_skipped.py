@@ -42,3 +42,31 @@ async def test_every_rung_of_the_wrong_kind_is_a_400_and_each_is_recorded(tmp_pa
     assert answer.json()["error"]["code"] == "unsupported_endpoint"
     skipped = coord.events.recent("rung_skipped")
     assert [(e["model"], e["rung"]) for e in skipped] == [("embedder", 0), ("reranker", 1)]
+
+
+async def test_a_model_asked_for_another_kinds_endpoint_is_refused_before_any_load(tmp_path):
+    """llama.cpp answers no audio and no images, a pipeline only images: each is a 400 that
+    names the models that do serve the route, and nothing is loaded to find out."""
+    models = [manifest("a", 2000),
+              manifest("voice", 500, backend="transformers", category="tts"),
+              manifest("sd", 500, backend="diffusers", category="diffusion")]
+    coord, _ = coordinator(tmp_path, models)
+    async with started_client(coord) as client:
+        speech = await client.post("/v1/audio/speech", json={"model": "a", "input": "hi"})
+        images = await client.post("/v1/images/generations", json={"model": "a", "prompt": "x"})
+        heard = await client.post("/v1/audio/transcriptions", data={"model": "a"},
+                                  files={"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")})
+        chat_sd = await client.post("/v1/chat/completions", json=chat("sd"))
+    for answer in (speech, images, heard, chat_sd):
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "unsupported_endpoint"
+        assert answer.json()["error"]["param"] == "model"
+    assert speech.json()["error"]["message"] == (
+        "'a' is a model of kind 'llm'; it does not serve /v1/audio/speech; models that do: "
+        "voice")
+    assert images.json()["error"]["message"].endswith("models that do: sd")
+    assert "/v1/audio/transcriptions" in heard.json()["error"]["message"]
+    assert "it serves /v1/images/generations, not /v1/chat/completions" in \
+        chat_sd.json()["error"]["message"]
+    assert not coord.events.recent("load_started")
+    assert all(slot.state == "idle" for slot in coord.pool.slots.values())
