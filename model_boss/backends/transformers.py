@@ -14,11 +14,15 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
+
 from ..catalog.manifest import Category, ModelManifest
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
+from .gathering import GATHERED, Gathering
 from .spare import TRANSFORMERS, TakesSpares, torch_defaults
+from .worker_errors import upstream_error
 
 # what each kind answers: the coordinator's endpoint → the worker's path
 SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
@@ -29,6 +33,9 @@ SERVES = {Category.EMBEDDING: {"/v1/embeddings": "/v1/embeddings"},
 TASKS = {Category.EMBEDDING: "embedding", Category.RERANK: "rerank", Category.STT: "stt",
          Category.TTS: "tts"}
 STREAMED = frozenset({"/v1/audio/speech"})  # audio passed on as it is encoded
+# a gathering is sent at the latest this many quiet waits after its first request
+LONGEST_WAITS = 10
+_JSON = {"content-type": "application/json"}
 _BACKGROUND: set[asyncio.Task] = set()
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,6 +45,7 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
     spare_kind = TRANSFORMERS
     health_path = "/health"
     secret_env = "WORKER_API_KEY"  # workers/transformers/options.py reads it
+    _gathering: Gathering | None = None
 
     @staticmethod
     def serves(manifest: ModelManifest) -> list[str]:
@@ -71,10 +79,12 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
                              f"'{self.manifest.category}'; it serves {routes}",
                              param="model", code="unsupported_endpoint")
         request_id = uuid.uuid4().hex
+        sent = {**body, "model": self.manifest.id, "request_id": request_id}
         try:
-            answer = await self.proxy("POST", served[endpoint],
-                                      {**body, "model": self.manifest.id,
-                                       "request_id": request_id},
+            if endpoint in GATHERED:  # batched with the requests that come with it
+                return await self.gathering().submit(served[endpoint], sent,
+                                                     GATHERED[endpoint](body))
+            answer = await self.proxy("POST", served[endpoint], sent,
                                       stream=endpoint in STREAMED)
         except asyncio.CancelledError:  # the caller went away: stop the worker's work too
             self._cancel(request_id)
@@ -82,6 +92,37 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
         if answer.stream is not None:
             answer.stream = self._cancelled_when_left(answer.stream, request_id)
         return answer
+
+    def gathering(self) -> Gathering:
+        if self._gathering is None:
+            m = self.manifest
+            wait_s = m.max_batch_wait_ms / 1000
+            self._gathering = Gathering(self._send_parts, m.batch_size, wait_s,
+                                        wait_s * LONGEST_WAITS)
+        return self._gathering
+
+    async def _send_parts(self, path: str,
+                          bodies: list[dict[str, Any]]) -> list[UpstreamResponse | Exception]:
+        """One ``POST /batch`` for ``bodies``; each part's answer, or its error as it would
+        have been alone."""
+        answer = await self.proxy("POST", "/batch", {"path": path, "parts": bodies},
+                                  stream=False)
+        content = answer.body or b""
+        head, _, rest = content.partition(b"\n")
+        answers: list[UpstreamResponse | Exception] = []
+        start = 0
+        try:
+            for status, length in orjson.loads(head):
+                part = rest[start:start + length]
+                start += length
+                answers.append(UpstreamResponse(status, _JSON, body=part) if status < 400
+                               else upstream_error(self.manifest.id, status, part))
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            answers = []
+        if len(answers) != len(bodies) or start != len(rest):
+            raise upstream_error(self.manifest.id, 502, b"the worker's batch answer did not "
+                                 b"match its parts")
+        return answers
 
     def _cancel(self, request_id: str) -> None:
         """``POST /cancel`` in the background; by id, so a cancel that overtakes its request

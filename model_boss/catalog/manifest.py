@@ -95,8 +95,9 @@ class ModelManifest(BaseModel):
     offload: str = "none"
     vae_mb_per_512px: float = Field(default=1600.0, gt=0)
     allow_cpu_vae: bool = True
-    # transformers: concurrent requests' texts batched, up to batch_size, waiting at most
-    # max_batch_wait_ms for more
+    # transformers: concurrent requests' texts batched, up to batch_size items; a batch goes
+    # once max_batch_wait_ms passes with no request joining it, at the latest 10 times that
+    # after its first (backends/gathering.py)
     batch_size: int = Field(default=32, ge=1, le=4096)
     max_batch_wait_ms: float = Field(default=5.0, ge=0, le=1000)
     # cloud / command

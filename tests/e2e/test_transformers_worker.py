@@ -153,15 +153,26 @@ def test_switches_go_through_the_cpu_tier(server):
 
 
 def test_concurrent_single_sentences_are_batched(server):
+    """32 requests at once go to the worker gathered and run batched; each gets its own
+    answer, and the one the worker refuses its own 400, in the same burst."""
+    def body(i: int) -> dict:
+        return {"model": "embed", "input": f"sentence {i}", **({"dimensions": 4096}
+                                                               if i == 7 else {})}
+
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*(
-                client.post(server.url + "/v1/embeddings",
-                            json={"model": "embed", "input": f"sentence {i}"})
-                for i in range(32)))
+            return await asyncio.gather(*(client.post(server.url + "/v1/embeddings",
+                                                      json=body(i)) for i in range(32)))
 
     answers = asyncio.run(burst())
-    assert all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+    assert answers[7].status_code == 400, answers[7].text
+    assert "dimensions" in answers[7].json()["error"]["message"]
+    good = [a for i, a in enumerate(answers) if i != 7]
+    assert all(a.status_code == 200 for a in good), [a.text for a in good][:3]
+    vectors = [a.json()["data"][0]["embedding"] for a in good]
+    assert len({tuple(v) for v in vectors}) == len(good)  # each its own sentence's
+    alone = httpx.post(server.url + "/v1/embeddings", json=body(3), timeout=60).json()
+    assert alone["data"][0]["embedding"] == pytest.approx(vectors[3], abs=1e-5)
     health = worker_health(slot(server, "embed"))
     assert health["largest_batch"] > 1, health
 

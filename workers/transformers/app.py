@@ -10,6 +10,8 @@
                           verbose_json, as OpenAI answers
     POST /v1/audio/speech {input, voice?, speed?, response_format?} (tts task): audio, streamed
                           sentence by sentence where the format allows
+    POST /batch           {path, parts: [body, ...]}: embedding or rerank requests gathered by
+                          the coordinator, answered framed (workers/transformers/parts.py)
     POST /cancel          {"request_id"} (every model request takes an optional
                           ``request_id``), or no body: every running request; a transcription
                           stops at its next chunk, speech at its next sentence, an embedding or
@@ -53,6 +55,7 @@ from .cancel import Cancelled, Tickets
 from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
 from .options import load_args
+from .parts import add_batch_route
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +239,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
 
     app.post("/v1/rerank")(rerank)
     app.post("/rerank")(rerank)
+    add_batch_route(app, {"/v1/embeddings": (EmbeddingsBody, embeddings),
+                          "/v1/rerank": (RerankBody, rerank)})
 
     async def transcribe(body: TranscriptionBody, task: str) -> Response:
         _serves("stt")

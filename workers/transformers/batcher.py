@@ -4,12 +4,15 @@ A request's items are queued whole; the runner takes queued requests until it ho
 ``batch_size`` items or the first has waited ``max_wait_s``, runs them in one call (in a
 thread, one batch at a time: the model is not called concurrently), and hands each request
 its own slice of the results. 32 clients sending one sentence each cost one batch of 32.
+Requests that come already gathered (``POST /batch``: the coordinator did the waiting) do not
+wait for more: they run with whatever is queued beside them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +20,9 @@ from typing import Any
 
 from ..tickets import Ticket
 from .cancel import Cancelled
+
+# set by a route whose requests come gathered: their asks do not wait for more
+GATHERED: contextvars.ContextVar[bool] = contextvars.ContextVar("gathered", default=False)
 
 
 @dataclass(slots=True)
@@ -50,6 +56,8 @@ class Batcher:
         """Results for ``items``, in their order. A cancel of ``ticket`` takes the request out
         of the queue (it never runs); in a batch already running, its share is dropped."""
         ask = _Ask(items, asyncio.get_running_loop().create_future())
+        if GATHERED.get():  # its wait is over: it runs with what is queued now
+            ask.queued_at -= self.max_wait_s
         if ticket is not None:
             ticket.on_cancel(lambda: ask.done.done() or ask.done.set_exception(
                 Cancelled(ticket.request_id)))
