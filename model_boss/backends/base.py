@@ -126,8 +126,13 @@ class HttpWorkerBackend:
     def alive(self) -> bool:
         """Asks the kernel, not the exit watcher, so a worker that died a moment ago is never
         granted a request before the watcher has run."""
-        return (self.process is not None and self.process.running
-                and self.process.pid is not None and pid_alive(self.process.pid))
+        process = self.process
+        if process is None:
+            return False
+        exited = process.exited()
+        if exited is None:  # no pidfd: /proc says whether it is gone or a zombie
+            return process.running and process.pid is not None and pid_alive(process.pid)
+        return not exited
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         raise NotImplementedError
@@ -351,6 +356,11 @@ async def forward(client: UpstreamClient, path: str, content: bytes, headers: di
     return UpstreamResponse(reply.status, kind, stream=relay())
 
 
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def pid_alive(pid: int) -> bool:
     """True unless ``pid`` is gone or a zombie (dead, not yet reaped)."""
     try:
@@ -369,9 +379,3 @@ def _signal_zero(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import time
@@ -87,6 +88,8 @@ class WorkerProcess:
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
         self._stopping = False
+        self._pidfd: int | None = None  # the leader's, polled by exited()
+        self._exit_poll: select.poll | None = None
         self.on_exit: Callable[[int], None] | None = None
 
     @property
@@ -105,6 +108,28 @@ class WorkerProcess:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
+
+    def exited(self) -> bool | None:
+        """Whether the leader has exited, asked of the kernel rather than the exit watcher, so
+        a leader that died a moment ago (not reaped yet) counts: one poll of its pidfd, which
+        is readable once it exits (and names this process, never a reused number). None: no
+        pidfd to ask (the caller asks /proc)."""
+        if self._proc is None or self._proc.returncode is not None:
+            return True
+        return bool(self._exit_poll.poll(0)) if self._exit_poll is not None else None
+
+    def _open_pidfd(self) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(OSError, AttributeError):  # Linux 5.3+; gone already
+            self._pidfd = os.pidfd_open(self._proc.pid)
+            self._exit_poll = select.poll()
+            self._exit_poll.register(self._pidfd, select.POLLIN)
+
+    def _close_pidfd(self) -> None:
+        pidfd, self._pidfd, self._exit_poll = self._pidfd, None, None
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(pidfd)
 
     def tail(self) -> list[str]:
         return list(self._tail)
@@ -133,6 +158,7 @@ class WorkerProcess:
             self._started_at = psutil.Process(self._proc.pid).create_time()
         except psutil.Error:  # already gone and reaped: the spawn time bounds it as well
             self._started_at = spawned_at
+        self._open_pidfd()
         self._write_pid_file()
         self._reader = asyncio.create_task(self._read_output(), name=f"{self.name}-output")
         self._watcher = asyncio.create_task(self._watch_exit(), name=f"{self.name}-exit")
@@ -184,6 +210,7 @@ class WorkerProcess:
 
     async def _watch_exit(self) -> None:
         code = await self._leader_exit()
+        self._close_pidfd()
         if self._stopping:
             return  # stop() owns the rest of the group and the pid file
         left = await self._kill_group()
@@ -238,6 +265,7 @@ class WorkerProcess:
                 log.warning("worker %s ignored SIGTERM for %.1fs; killing", self.name, grace_s)
         await self._kill_group()  # anything left in its group
         code = await self._leader_exit()
+        self._close_pidfd()
         for task in (self._watcher, self._reader):
             if task:
                 with contextlib.suppress(asyncio.CancelledError, Exception):

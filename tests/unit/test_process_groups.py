@@ -198,3 +198,21 @@ async def test_a_workers_error_lines_its_log_stamps_and_its_end_in_words(tmp_pat
     assert story == ("worker stopped unexpectedly (exit status 3); its last error lines: "
                      "E llama_model_load: failed to read the tensor data | "
                      "Traceback (most recent call last):")
+
+
+async def test_a_leader_that_died_a_moment_ago_is_known_exited_before_the_watcher_runs():
+    """``exited()`` asks the kernel (the leader's pidfd): a SIGKILLed leader reads as exited
+    with no turn of the event loop in between, so the exit watcher has not run."""
+    worker = WorkerProcess("probe", ["sleep", "300"])
+    await worker.start()
+    try:
+        assert worker.exited() is False and worker.running
+        os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while not worker.exited() and time.monotonic() < deadline:
+            time.sleep(0.01)  # noqa: ASYNC251 (no await: the watcher cannot run)
+        assert worker.exited() is True
+        assert worker.running  # what the watcher would say: not known yet
+    finally:
+        await worker.stop(grace_s=1)
+    assert worker.exited() is True and worker._pidfd is None  # its descriptor closed
