@@ -7,7 +7,9 @@ sentence-transformers folder), serves it with ``backend: transformers`` (dynamic
 encodes the 32 sentences in one call; model-boss gets them as 32 concurrent requests of one
 sentence each, one connection each (like a load generator, through model-boss's own lean HTTP
 client on uvloop; ``--client httpx`` for httpx). ``--threads N`` gives both sides N torch
-threads (default: torch's own, the number of cores).
+threads (default: torch's own, the number of cores). Each side starts ``--gap-ms`` after the
+other ends, once the other's idle torch threads have stopped spinning (GNU OpenMP's default
+spin is about 10 ms here), so neither side runs beside the other's spinning threads.
 Prints one table of medians (sentences per second) and the ratio, and the worker's batches.
 
     .venv/bin/python benchmarks/embeddings_batching.py [--rounds 15]
@@ -80,6 +82,8 @@ def main() -> None:
                         help="the model's max_batch_wait_ms (its default: 5)")
     parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
                         help="the clients' HTTP library (lean: model-boss's httptools client)")
+    parser.add_argument("--gap-ms", type=float, default=100.0,
+                        help="the pause before each side's turn (default: 100)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads on both sides (OMP_NUM_THREADS; default: torch's)")
     args = parser.parse_args()
@@ -110,21 +114,25 @@ def main() -> None:
             "baseline": {"path": "one encode() in this process", "model": str(model_dir),
                          "batch_size": CLIENTS, "sentences": CLIENTS, "device": "cpu",
                          "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
-                         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "unset")},
+                         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "unset"),
+                         "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "unset")},
             "model-boss": {"path": f"{CLIENTS} concurrent requests, dynamic batching "
                                    f"(max_batch_wait_ms {mb['mini.max_batch_wait_ms']})",
                            "model": mb["mini.path"], "batch_size": mb["mini.batch_size"],
                            "sentences": CLIENTS, "device": "cpu",
                            "OMP_NUM_THREADS": worker_env.get("OMP_NUM_THREADS", "unset"),
-                           "OMP_WAIT_POLICY": worker_env.get("OMP_WAIT_POLICY", "unset")}},
-            ["path", "OMP_WAIT_POLICY"],
+                           "OMP_WAIT_POLICY": worker_env.get("OMP_WAIT_POLICY", "unset"),
+                           "GOMP_SPINCOUNT": worker_env.get("GOMP_SPINCOUNT", "unset")}},
+            ["path", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"],
             f"sides compared (torch threads here: {torch.get_num_threads()})")
         baseline, via = [], []
         for round_ in range(1, args.rounds + 1):
             texts = sentences(round_)
+            time.sleep(args.gap_ms / 1000)
             started = time.perf_counter()
             direct.encode(texts, batch_size=CLIENTS, show_progress_bar=False)
             baseline.append(CLIENTS / (time.perf_counter() - started))
+            time.sleep(args.gap_ms / 1000)
             via.append(CLIENTS / run(through(server.url, texts)))
         slot = next(s for s in server.status()["slots"] if s["model"] == "mini")
         health = worker_health(slot)

@@ -255,14 +255,23 @@ class TakesSpares:
             raise
 
 
+# how long torch's idle CPU threads spin before they sleep (GNU OpenMP's unit: turns of its
+# wait loop, about 27 ns each here; its default is 300,000)
+OMP_SPIN_TURNS = 100_000
+
+
 def torch_defaults(env: dict[str, str]) -> dict[str, str]:
     """A torch worker's environment defaults, under what the user set: no hub calls (a model is
-    a local folder), and torch's CPU threads sleep when idle instead of spinning (GNU OpenMP
-    spins for a while after each operation by default, taking the cores the coordinator and the
-    worker's own HTTP handling need: 32 requests batched on two cores went 0.58× to 0.70× of a
-    lone ``encode()`` with it)."""
+    a local folder), and torch's CPU threads spin briefly between operations, then sleep.
+
+    GNU OpenMP's idle threads spin for about 300,000 turns (10 ms here) after each operation
+    before they sleep, on the cores the coordinator serves from; ``OMP_WAIT_POLICY=PASSIVE``
+    (no spin) makes every operation of a forward wake them again: a batch of 32 sentences ran
+    in 93-104 ms instead of 73-77 ms. A third of the default spin keeps the forward's pace and
+    leaves the cores a few ms after it (docs/BENCHMARKS.md, embeddings_batching.py)."""
     env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in env:  # the user's policy sets its own spin
+        env.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_TURNS))
     return env
 
 

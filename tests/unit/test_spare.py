@@ -81,29 +81,42 @@ async def test_a_manifest_with_its_own_env_never_takes_a_spare(tmp_path):
     assert taken == [DIFFUSERS]  # plain-sd asked; env-sd went straight to a new process
 
 
-async def test_torch_workers_threads_sleep_when_idle_unless_the_user_says(tmp_path, monkeypatch):
-    """Cold starts and spares alike get ``OMP_WAIT_POLICY=PASSIVE`` (idle torch threads would
-    spin on the cores the coordinator serves from); a manifest's env or the coordinator's own
-    environment wins."""
+async def test_torch_workers_threads_spin_briefly_unless_the_user_says(tmp_path, monkeypatch):
+    """Cold starts and spares alike get ``GOMP_SPINCOUNT`` (a third of GNU OpenMP's spin: idle
+    torch threads would spin 10 ms on the cores the coordinator serves from, and not at all
+    would slow each forward); a wait policy or a spin count in a manifest's env or in the
+    coordinator's own environment wins."""
     from model_boss.backends.transformers import TransformersBackend
 
     (tmp_path / "emb").mkdir()
     manifest_file = tmp_path / "m.yaml"
     manifest_file.write_text(
         f"- {{id: plain, category: embedding, backend: transformers, path: {tmp_path / 'emb'}}}\n"
+        f"- {{id: passive, category: embedding, backend: transformers, "
+        f"path: {tmp_path / 'emb'}, env: {{OMP_WAIT_POLICY: PASSIVE}}}}\n"
         f"- {{id: spins, category: embedding, backend: transformers, path: {tmp_path / 'emb'}, "
-        f"env: {{OMP_WAIT_POLICY: ACTIVE}}}}\n"
+        f"env: {{GOMP_SPINCOUNT: '5'}}}}\n"
         f"- {{id: sd, category: diffusion, backend: diffusers, path: {tmp_path / 'emb'}}}\n")
     entries = Catalog(load_manifests([manifest_file]), tmp_path)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    policy = {model: kind(entries.get(model), settings(tmp_path)).environment(None)
-              .get("OMP_WAIT_POLICY") for model, kind in
-              (("plain", TransformersBackend), ("spins", TransformersBackend),
-               ("sd", DiffusersBackend))}
-    assert policy == {"plain": "PASSIVE", "spins": "ACTIVE", "sd": "PASSIVE"}
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+
+    def threads(model: str, kind: type) -> tuple[str | None, str | None]:
+        env = kind(entries.get(model), settings(tmp_path)).environment(None)
+        return env.get("OMP_WAIT_POLICY"), env.get("GOMP_SPINCOUNT")
+
+    spin = str(spare_module.OMP_SPIN_TURNS)
+    assert {model: threads(model, kind) for model, kind in
+            (("plain", TransformersBackend), ("passive", TransformersBackend),
+             ("spins", TransformersBackend), ("sd", DiffusersBackend))} == {
+        "plain": (None, spin), "passive": ("PASSIVE", None), "spins": (None, "5"),
+        "sd": (None, spin)}
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert TransformersBackend(entries.get("plain"), settings(tmp_path)).environment(None)[
-        "OMP_WAIT_POLICY"] == "ACTIVE"
+    assert threads("plain", TransformersBackend) == ("ACTIVE", None)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    assert threads("plain", TransformersBackend) == (None, "0")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
 
     started: list[dict[str, str]] = []
 
@@ -112,7 +125,6 @@ async def test_torch_workers_threads_sleep_when_idle_unless_the_user_says(tmp_pa
             started.append(dict(env or {}))
             super().__init__(*args, env=env, **kwargs)
 
-    monkeypatch.delenv("OMP_WAIT_POLICY")
     monkeypatch.setattr(spare_module, "WorkerProcess", Recorded)
     monkeypatch.setattr(spare_module, "spare_argv",
                         lambda kind, port: [sys.executable, "-c", "import sys; sys.exit(3)"])
@@ -122,4 +134,5 @@ async def test_torch_workers_threads_sleep_when_idle_unless_the_user_says(tmp_pa
         while not started:  # noqa: ASYNC110 (no event for it)
             await asyncio.sleep(0.05)
     await spares.shutdown()
-    assert started[0]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert started[0]["GOMP_SPINCOUNT"] == spin
+    assert "OMP_WAIT_POLICY" not in started[0]
