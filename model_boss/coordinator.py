@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -237,10 +238,13 @@ class Coordinator:
         return answer
 
     async def stop(self) -> None:
-        await self.live.stop()
+        """Stop taking work, then stop the workers and release the leases. A phase before the
+        workers' that has not ended in ``STOP_PHASE_S`` (or that fails) is left behind with
+        its stack logged: the workers are stopped and the leases released all the same."""
+        await _bounded("the catalog watcher", self.live.stop())
         if self.cluster is not None:  # the others stop sending work here first
-            await self.cluster.stop()
-        await self.jobs.shutdown()
+            await _bounded("the cluster membership", self.cluster.stop())
+        await _bounded("the jobs", self.jobs.shutdown())
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -320,3 +324,22 @@ class Coordinator:
             with contextlib.suppress(Exception):  # an unreadable file has no estimate to show
                 found[entry.manifest.id] = self.pool.estimate(entry).to_dict()
         return found
+
+
+# how long one phase of a stop before the workers' may take (SIGTERM must stop the daemon)
+STOP_PHASE_S = 10.0
+
+
+async def _bounded(phase: str, work: Awaitable[None]) -> None:
+    """Await ``work``; if it fails or outlasts ``STOP_PHASE_S``, log where it is and go on."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=STOP_PHASE_S)
+    if not done:
+        stack = "".join(traceback.format_list(traceback.extract_stack(f)[-1]
+                                              for f in task.get_stack()))
+        log.warning("stopping %s took over %gs; left behind, at:\n%s", phase, STOP_PHASE_S,
+                    stack.rstrip())
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    elif not task.cancelled() and task.exception() is not None:
+        log.error("stopping %s failed", phase, exc_info=task.exception())
