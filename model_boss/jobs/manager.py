@@ -71,7 +71,10 @@ class JobManager:
 
     async def _finish(self, job: Job, started: float, status: JobStatus, **fields: Any) -> None:
         job.timings["total_s"] = round(time.monotonic() - started, 3)
-        await self.update(job, status=status, finished_at=time.time(), **fields)
+        try:
+            await self.update(job, status=status, finished_at=time.time(), **fields)
+        except Exception:  # the store is away: said here, not lost in a task nobody awaits
+            log.exception("job %s: its outcome (%s) could not be written", job.id, status)
 
     async def get(self, job_id: str) -> Job:
         job = await self.store.get(job_id)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
+import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -18,6 +19,11 @@ from ..slots.slot import SlotState
 from .job import Job, JobStatus
 from .manager import JobManager
 
+log = logging.getLogger(__name__)
+
+# how long a job's progress follower may take to end once its work is done; one that has not
+# ended by then (a cancel lost in a store client) is left behind: the job finishes all the same
+FOLLOWER_END_S = 5.0
 # told when a request has been granted a slot (a job follows its work from there)
 Dispatched = Callable[[SlotTicket], None]
 
@@ -60,19 +66,19 @@ class JobRunner:
         started = time.monotonic()
         watchers: list[asyncio.Task] = []
         reported: dict[str, Any] = {}
+        over = asyncio.Event()  # the work is done: followers stop even if a cancel is lost
 
         def dispatched(ticket: SlotTicket) -> None:
             job.model = ticket.slot.model_id
             job.timings["waited_s"] = round(time.monotonic() - started, 3)
-            watchers.append(asyncio.create_task(self._running(manager, job, ticket, reported)))
+            watchers.append(asyncio.create_task(
+                self._running(manager, job, ticket, reported, over)))
 
         try:
             answer = await self.work(job, dispatched, reported.update)
         finally:
-            for watcher in watchers:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watcher
+            over.set()
+            await _stopped(job, watchers)
         if reported:  # the last count, written with the result
             job.progress = dict(reported)
         job.timings["run_s"] = round(time.monotonic() - started - job.timings.get(
@@ -83,13 +89,31 @@ class JobRunner:
         return orjson.loads(answer.body)
 
     async def _running(self, manager: JobManager, job: Job, ticket: SlotTicket,
-                       reported: dict[str, Any]) -> None:
+                       reported: dict[str, Any], over: asyncio.Event) -> None:
         """Mark the job running and follow its progress: what the work reports, and what
         the worker does where it reports any (the diffusers worker's denoising steps)."""
         await manager.update(job, status=JobStatus.RUNNING)
         worker_progress = getattr(ticket.slot.backend, "progress", None)
-        while True:
+        while not over.is_set():
             await asyncio.sleep(self.progress_interval_s)
             report = {**reported, **(await worker_progress() if worker_progress else {})}
             if report and report != job.progress:
                 await manager.update(job, progress=report)
+
+
+async def _stopped(job: Job, followers: list[asyncio.Task]) -> None:
+    """Cancel ``followers`` and give them ``FOLLOWER_END_S`` to end; one still running then
+    is logged with where it waits and left behind (the job's outcome does not wait on it)."""
+    for follower in followers:
+        follower.cancel()
+    if not followers:
+        return
+    ended, running = await asyncio.wait(followers, timeout=FOLLOWER_END_S)
+    for follower in ended:  # a progress write that failed: the outcome's write says more
+        if not follower.cancelled() and follower.exception() is not None:
+            log.debug("job %s: progress not written: %s", job.id, follower.exception())
+    for follower in running:
+        where = "".join(traceback.format_list(traceback.extract_stack(f)[-1]
+                                              for f in follower.get_stack()))
+        log.warning("job %s: its progress follower did not end %gs after its cancel; left "
+                    "behind, at:\n%s", job.id, FOLLOWER_END_S, where.rstrip())

@@ -167,3 +167,39 @@ async def test_a_chat_job_answered_whole_keeps_that_answer(tmp_path):
         done = await seen_when(client, job["id"], "succeeded")
     assert done["result"] == {"object": "chat.completion", "choices": []}
     assert done["progress"] == {}
+
+
+async def test_a_job_finishes_when_its_progress_follower_loses_its_cancel(tmp_path,
+                                                                          monkeypatch):
+    """A store client that swallows a cancel (the follower's progress write goes on) must not
+    keep the job from finishing: the follower stops at its next turn, and one that has not
+    ended in time is left behind."""
+    from model_boss.jobs import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "FOLLOWER_END_S", 0.5)
+    coord, log = coordinator(tmp_path, [manifest("m")])
+    tokens: asyncio.Queue = asyncio.Queue()
+    coord.pool.backend_factory = lambda entry, s: TokenBackend(entry, s, log, tokens)
+    coord.jobs.runner.progress_interval_s = 0.01
+    update = coord.jobs.update
+    writing = asyncio.Event()
+    lost: list[str] = []
+
+    async def loses_a_cancel(job, **changes):
+        if "progress" in changes and not lost:
+            writing.set()
+            try:
+                await asyncio.sleep(3600)  # a write that hangs ...
+            except asyncio.CancelledError:
+                lost.append(job.id)  # ... and a client that swallows the cancel
+        await update(job, **changes)
+
+    monkeypatch.setattr(coord.jobs, "update", loses_a_cancel)
+    async with started_client(coord) as client:
+        job = (await submit(client, {"model": "m", "max_tokens": 8, "messages": HI})).json()
+        await tokens.put("Hel")
+        await asyncio.wait_for(writing.wait(), 5)
+        await tokens.put(None)
+        done = await seen_when(client, job["id"], "succeeded")
+    assert lost == [job["id"]]
+    assert done["result"]["usage"]["completion_tokens"] == 1
