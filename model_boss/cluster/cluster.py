@@ -176,7 +176,8 @@ class Cluster:
             yield
             return
         lock_s = self.settings.cluster_load_lock_s
-        keeper = asyncio.create_task(self._keep_lock(route, lock_s))
+        released = asyncio.Event()  # the keeper stops on it even if its cancel is lost
+        keeper = asyncio.create_task(self._keep_lock(route, lock_s, released))
         ok = False
         try:
             yield
@@ -184,6 +185,7 @@ class Cluster:
         finally:
             # nothing awaited here: the request's answer (a stream holding its slot) must
             # reach the caller even if it is cancelled now
+            released.set()
             keeper.cancel()
             linger = min(2 * self.settings.cluster_heartbeat_s, lock_s) if ok else 0
             self._spawn(self._let_go(route, linger))
@@ -197,9 +199,11 @@ class Cluster:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _keep_lock(self, route: Route, lock_s: float) -> None:
+    async def _keep_lock(self, route: Route, lock_s: float, released: asyncio.Event) -> None:
         while True:
             await asyncio.sleep(lock_s / 3)
+            if released.is_set():
+                return
             with contextlib.suppress(StoreUnavailable):
                 await self.store.keep_load(route.model, route.loader or "", lock_s)
 
