@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 sync_api, CHROMIUM = playwright_and_chromium()
 
 expect = sync_api.expect
-SECONDS = 20
+SECONDS = 12
 
 
 @pytest.fixture(scope="module")
