@@ -4,6 +4,8 @@ transformers worker through the official clients."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import httpx
 import ollama
 import openai
@@ -19,9 +21,11 @@ from tests.transformers_fixtures import (
     speech_clip,
 )
 
-pytestmark = pytest.mark.slow
-
-pytest.importorskip("sentence_transformers", reason="the 'transformers' extra")
+# looked for, not imported: both test processes collect every file, and importing
+# sentence-transformers (torch, transformers, scikit-learn) costs each of them seconds
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
+                                 reason="the 'transformers' extra")]
 
 
 def test_model_folders_under_models_dir_are_served_without_a_manifest(tmp_path_factory):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib.util
 import io
 import os
 import signal
@@ -42,9 +43,11 @@ from tests.transformers_fixtures import (
     speech_clip,
 )
 
-pytestmark = pytest.mark.slow
-
-pytest.importorskip("sentence_transformers", reason="the 'transformers' extra")
+# looked for, not imported: both test processes collect every file, and importing
+# sentence-transformers (torch, transformers, scikit-learn) costs each of them seconds
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
+                                 reason="the 'transformers' extra")]
 
 UPLOAD_LIMIT = 2 * 1024 * 1024
 
