@@ -19,6 +19,7 @@ class Store:
     def __init__(self) -> None:
         self.keeps: list[tuple[float, float]] = []  # (when, ttl)
         self.hung = asyncio.Event()
+        self.let_go = asyncio.Event()
 
     async def keep_load(self, model: str, host: str, ttl_s: float) -> bool:
         if ttl_s == LOCK_S and not self.hung.is_set():
@@ -28,6 +29,8 @@ class Store:
             except asyncio.CancelledError:
                 pass  # lost
         self.keeps.append((asyncio.get_running_loop().time(), ttl_s))
+        if ttl_s != LOCK_S:
+            self.let_go.set()
         return True
 
 
@@ -39,6 +42,7 @@ async def test_a_lost_cancel_does_not_keep_the_load_lock():
     async with cluster.holding(Route(None, "loading here", loader="a", model="m")):
         await asyncio.wait_for(store.hung.wait(), 5)  # the keeper's first renewal hangs
     left = asyncio.get_running_loop().time()
+    await asyncio.wait_for(store.let_go.wait(), 5)
     await asyncio.sleep(LOCK_S * 2)  # several renewal periods
     renewed_after = [ttl for when, ttl in store.keeps if when > left and ttl == LOCK_S]
     assert renewed_after in ([], [LOCK_S])  # the hung renewal may end; nothing after it
