@@ -240,7 +240,7 @@ class StreamJobManager(JobManager):
 
     async def _take_loop(self) -> None:
         kept_at = 0.0
-        while True:
+        while not self._stopping:  # the flag too: a cancel can be lost mid-command (runner.py)
             try:
                 now = time.monotonic()
                 if now - kept_at >= self.keep_s:
