@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 
 import httpx
 import pytest
@@ -78,7 +80,6 @@ def test_vram_taken_during_the_restart_stops_the_slot(server_on, redis_server):
         assert httpx.post(server.url + "/v1/chat/completions", json=CHAT,
                           timeout=60).status_code == 200
         pid = server.status()["slots"][0]["pid"]
-        redis_server.restart()
 
         async def take_the_gpu() -> str:
             outside = GPUBoss.from_url(redis_server.url, gpus=_gpus())
@@ -87,7 +88,16 @@ def test_vram_taken_during_the_restart_stops_the_slot(server_on, redis_server):
             await outside.close(release_held=False)
             return lease.id
 
-        training = asyncio.run(take_the_gpu())  # before the coordinator's next heartbeat
+        # the outside holder comes first: the coordinator is paused while Redis restarts and
+        # the GPU is taken (its heartbeat, every second here, would otherwise re-assert its
+        # lease first in some runs on a busy box), then goes on and finds its lease gone
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            redis_server.restart()
+            training = asyncio.run(take_the_gpu())
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
 
         def stopped() -> bool:
             slot = server.status()["slots"][0]
