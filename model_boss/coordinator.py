@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -335,10 +335,10 @@ async def _bounded(phase: str, work: Awaitable[None]) -> None:
     task = asyncio.ensure_future(work)
     done, _ = await asyncio.wait({task}, timeout=STOP_PHASE_S)
     if not done:
-        stack = "".join(traceback.format_list(traceback.extract_stack(f)[-1]
-                                              for f in task.get_stack()))
+        stack = io.StringIO()
+        task.print_stack(file=stack)
         log.warning("stopping %s took over %gs; left behind, at:\n%s", phase, STOP_PHASE_S,
-                    stack.rstrip())
+                    stack.getvalue().rstrip())
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)
     elif not task.cancelled() and task.exception() is not None:

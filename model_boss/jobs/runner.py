@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import logging
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -116,7 +116,7 @@ async def _stopped(job: Job, followers: list[asyncio.Task]) -> None:
         if not follower.cancelled() and follower.exception() is not None:
             log.debug("job %s: progress not written: %s", job.id, follower.exception())
     for follower in running:
-        where = "".join(traceback.format_list(traceback.extract_stack(f)[-1]
-                                              for f in follower.get_stack()))
+        where = io.StringIO()
+        follower.print_stack(file=where)
         log.warning("job %s: its progress follower did not end %gs after its cancel; left "
-                    "behind, at:\n%s", job.id, FOLLOWER_END_S, where.rstrip())
+                    "behind, at:\n%s", job.id, FOLLOWER_END_S, where.getvalue().rstrip())
