@@ -11,6 +11,11 @@ against the warm request + raw moves. A second run turns the CPU tier off
 (``max_offloaded_mb: 0``): the evicted worker is stopped and the next switch starts a new one.
 
     .venv/bin/python benchmarks/transformers_swap.py [--switches 8]
+
+On a CUDA machine the workers run on the GPU (``--device auto``) and their measured VRAM
+replaces the manifests' figure after the first load, so the models must be large enough that
+the declared GPU still holds only one: ``--hidden 1024 --layers 24 --gpu-mb 1800 --vram-mb
+1400`` (about 1.2 and 0.9 GB of weights).
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BenchServer, check_sides, coordinator_side
+from tests.conftest import worker_health
 from tests.transformers_fixtures import build_embedder, build_recogniser, speech_clip
 
-GPU = {"gpus": [{"index": 0, "name": "sim-2g", "vram_mb": 2048}], "log_level": "WARNING",
-       "use_nvml": False, "spare_workers": False}
+SETTINGS = {"log_level": "WARNING", "use_nvml": False, "spare_workers": False}
 WARM = 5
 
 
@@ -47,8 +52,9 @@ def call(server: BenchServer, model: str, clip: bytes) -> float:
 
 
 def run(workdir: Path, manifests: list[dict], switches: int, cpu_tier: bool,
-        clip: bytes) -> dict:
-    config = dict(GPU, **({} if cpu_tier else {"max_offloaded_mb": 0}))
+        clip: bytes, gpu_mb: int) -> dict:
+    gpu = [{"index": 0, "name": "declared", "vram_mb": gpu_mb}]
+    config = dict(SETTINGS, gpus=gpu, **({} if cpu_tier else {"max_offloaded_mb": 0}))
     server = BenchServer(workdir, config, manifests)
     side = coordinator_side(server, switches=switches, warm_requests=WARM, clip_bytes=len(clip))
     server.start(timeout=120)
@@ -62,10 +68,13 @@ def run(workdir: Path, manifests: list[dict], switches: int, cpu_tier: bool,
                 switch[model].append(took)
             if position >= 1:
                 warm[model] += [call(server, model, clip) for _ in range(WARM)]
+            if position == 0:
+                slot = next(s for s in server.status()["slots"] if s["model"] == model)
+                device = worker_health(slot)["device"]
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
     finally:
         server.stop()
-    return {"side": side, "switch": switch, "warm": warm,
+    return {"side": side, "switch": switch, "warm": warm, "device": device,
             "to_cpu": [e["worker_seconds"] for e in events if e["type"] == "offloaded"],
             "to_device": [e["worker_seconds"] for e in events if e["type"] == "onloaded"],
             "cold": [e["seconds"] for e in events if e["type"] == "loaded"]}
@@ -78,23 +87,35 @@ def med(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--switches", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=0,
+                        help="both models' hidden size (default: embedder 384, recogniser 256)")
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--gpu-mb", type=int, default=2048,
+                        help="the declared GPU; on CUDA the models' measured VRAM is learned, "
+                             "so size the models (--hidden, --layers) so that one fits, not two")
+    parser.add_argument("--vram-mb", type=int, default=1200, help="each manifest's vram_mb")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         manifests = [
             {"id": "embed", "backend": "transformers", "category": "embedding",
-             "path": str(build_embedder(root / "mini", hidden=384, layers=6)),
-             "vram_mb": 1200},
+             "path": str(build_embedder(root / "mini", hidden=args.hidden or 384,
+                                        layers=args.layers)),
+             "vram_mb": args.vram_mb},
             {"id": "ears", "backend": "transformers", "category": "stt",
-             "path": str(build_recogniser(root / "ears", hidden=256, layers=6)),
-             "vram_mb": 1200}]
+             "path": str(build_recogniser(root / "ears", hidden=args.hidden or 256,
+                                          layers=args.layers)),
+             "vram_mb": args.vram_mb}]
         clip = speech_clip(2, "wav")
-        tier = run(root / "tier", manifests, args.switches, True, clip)
-        cold = run(root / "cold", manifests, args.switches, False, clip)
+        tier = run(root / "tier", manifests, args.switches, True, clip, args.gpu_mb)
+        cold = run(root / "cold", manifests, args.switches, False, clip, args.gpu_mb)
     check_sides({"CPU tier": tier["side"], "CPU tier off": cold["side"]}, ["max_offloaded_mb"])
+    if not tier["to_cpu"]:
+        sys.exit("no model was moved to CPU RAM: the declared GPU held both (see --gpu-mb)")
     raw = med(tier["to_cpu"]) + med(tier["to_device"])
-    print(f"\nembedder <-> recogniser switching, {args.switches} switches per run, CPU only "
-          "(declared GPU holding one), no spare worker; medians, seconds\n")
+    print(f"\nembedder <-> recogniser switching, {args.switches} switches per run, worker "
+          f"device {tier['device']} (a declared GPU of {args.gpu_mb} MB holds one of them), no "
+          "spare worker; medians, seconds\n")
     print("| model asked for | warm request | CPU-tier switch | switch cost | raw moves | "
           "observed/raw | stop + cold load |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -107,3 +107,44 @@ def test_a_transformers_models_vram_is_measured_learned_and_kept(tmp_path):
         assert estimate["rung"] == "measured" and estimate["mb"] == event["mb"], estimate
     finally:
         server.stop()
+
+
+def test_a_transformers_worker_parks_in_cpu_ram_and_comes_back(tmp_path):
+    """The CPU tier on CUDA for a transformers worker: ``/offload`` hands its VRAM back to the
+    device (CUDA's allocated figure falls to almost nothing), ``/onload`` brings the weights
+    back faster than the cold load took, and the model answers on the GPU again."""
+    pytest.importorskip("sentence_transformers", reason="the 'transformers' extra")
+    embedder = build_embedder(tmp_path / "embedder", hidden=512, layers=8)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "workers.transformers", "--model",
+                             str(embedder), "--task", "embedding", "--port", str(port),
+                             "--device", "cuda"])
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> dict | None:
+        try:
+            health = httpx.get(url + "/health", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        return health if health.get("state") == "ready" else None
+
+    try:
+        health = wait_for(ready, timeout=300)
+        assert health["device"] == "cuda" and health["tier"] == "gpu", health
+        allocated = health["memory"]["cuda_allocated_mb"]
+        assert allocated >= health["footprint_mb"] * 0.9, health
+        offload = httpx.post(url + "/offload", timeout=120).json()
+        assert offload["state"] == "offloaded", offload
+        parked = httpx.get(url + "/health", timeout=10).json()
+        assert parked["tier"] == "cpu" and parked["memory"]["cuda_allocated_mb"] <= 1, parked
+        onload = httpx.post(url + "/onload", timeout=120).json()
+        assert onload["state"] == "ready" and onload["seconds"] < health["load_s"], onload
+        back = httpx.get(url + "/health", timeout=10).json()
+        assert back["memory"]["cuda_allocated_mb"] >= allocated * 0.9, back
+        answer = httpx.post(url + "/v1/embeddings", timeout=60,
+                            json={"model": "embed", "input": ["the cat sat", "on the mat"]})
+        assert answer.status_code == 200, answer.text
+        assert [len(item["embedding"]) for item in answer.json()["data"]] == [512, 512]
+    finally:
+        proc.terminate()
+        proc.wait(30)
