@@ -50,6 +50,9 @@ class Membership:
         self.beats = 0
         self._changed = asyncio.Event()
         self._refresh = asyncio.Event()
+        # set before the loops are cancelled: a cancel that lands as a Redis command ends can
+        # be lost (redis-py sends under asyncio.wait_for), and a loop must end anyway
+        self._stopping = asyncio.Event()
         self._notice_handlers: dict[str, list[Callable[[Notice], None]]] = {}
         self._tasks: list[asyncio.Task] = []
 
@@ -88,10 +91,12 @@ class Membership:
             await self.refresh()
         self._tasks = [
             asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
-            asyncio.create_task(self.store.listen(self._on_notice), name="cluster-notices"),
+            asyncio.create_task(self.store.listen(self._on_notice, until=self._stopping),
+                                name="cluster-notices"),
         ]
 
     async def stop(self) -> None:
+        self._stopping.set()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -134,15 +139,16 @@ class Membership:
 
     async def _heartbeat(self) -> None:
         interval = self.settings.cluster_heartbeat_s
-        while True:
-            wake = asyncio.create_task(self._changed.wait())
-            refresh = asyncio.create_task(self._refresh.wait())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.wait({wake, refresh},
-                                                    return_when=asyncio.FIRST_COMPLETED),
-                                       interval)
-            for task in (wake, refresh):
-                task.cancel()
+        while not self._stopping.is_set():
+            waits = [asyncio.create_task(event.wait())
+                     for event in (self._changed, self._refresh, self._stopping)]
+            try:
+                await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
+            if self._stopping.is_set():
+                return
             changed = self._changed.is_set()
             self._changed.clear()
             self._refresh.clear()

@@ -64,6 +64,7 @@ class SharedState:
         self.learned = learned
         self.sync_every_s = sync_every_s
         self._dirty = asyncio.Event()
+        self._stopping = False  # the loop's own end: a cancel can be lost (membership.py)
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.Task | None = None
         membership.on_notice("config", lambda _notice: self._spawn(self.runtime.reload()))
@@ -88,10 +89,12 @@ class SharedState:
             log.info("learned figures from other members for: %s", ", ".join(gained))
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), self.sync_every_s)
             self._dirty.clear()
+            if self._stopping:
+                return
             try:
                 await self.sync()
             except StoreUnavailable as exc:
@@ -110,6 +113,8 @@ class SharedState:
             log.warning("cluster: %s", task.exception())
 
     async def stop(self) -> None:
+        self._stopping = True
+        self._dirty.set()  # wakes the loop, which then ends by itself if the cancel is lost
         tasks = [*self._tasks, *([self._loop] if self._loop else [])]
         for task in tasks:
             task.cancel()

@@ -33,6 +33,8 @@ from .records import MemberRecord
 
 log = logging.getLogger(__name__)
 
+LISTEN_POLL_S = 1.0  # the notice listener looks at its stop flag at least this often
+
 # KEYS[1] lock; ARGV: host id, ttl ms. {1, host} when taken, else {0, the holder}.
 TAKE_OR_TELL = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ARGV[1]} end
@@ -157,18 +159,22 @@ class ClusterStore:
         await self._call("PUBLISH", self.channel,
                          json.dumps({"kind": kind, "host": host_id, **fields}))
 
-    async def listen(self, on_notice: Callable[[Notice], None],
-                     retry_s: float = 0.5) -> None:
-        """Call ``on_notice`` for every notice, forever; reconnects after Redis goes away
-        (notices sent meanwhile are lost; the heartbeat's full read covers them)."""
+    async def listen(self, on_notice: Callable[[Notice], None], retry_s: float = 0.5,
+                     until: asyncio.Event | None = None) -> None:
+        """Call ``on_notice`` for every notice until ``until`` is set (or forever); reconnects
+        after Redis goes away (notices sent meanwhile are lost; the heartbeat's full read
+        covers them). ``until`` is looked at between reads, at most ``LISTEN_POLL_S`` apart,
+        so the listener ends even when the cancel meant to end it is lost."""
+        stop = until or asyncio.Event()
         client = redis.from_url(self.url, socket_connect_timeout=5)
         try:
-            while True:
+            while not stop.is_set():
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 try:
                     await pubsub.subscribe(self.channel)
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
+                    while not stop.is_set():
+                        message = await pubsub.get_message(timeout=LISTEN_POLL_S)
+                        if message is not None and message.get("type") == "message":
                             _deliver(on_notice, message["data"])
                 except redis.RedisError as exc:
                     log.debug("cluster notices: %s; reconnecting", exc)

@@ -61,8 +61,6 @@ def violations_in(status: dict) -> list[str]:
     return found
 
 
-@pytest.mark.timeout(DURATION_S + 240)
-
 async def posted(client: httpx.AsyncClient, path: str, payload: dict, bad: list[str]) -> int:
     """POST ``payload``; a 400 or a 5xx other than 503 is noted in ``bad``. The status."""
     response = await client.post(path, json=payload)
@@ -71,6 +69,7 @@ async def posted(client: httpx.AsyncClient, path: str, payload: dict, bad: list[
         bad.append(f"{path} {payload['model']}: {status} {response.text[:200]}")
     return status
 
+@pytest.mark.timeout(DURATION_S + 240)
 def test_promise_holds_on_every_snapshot(make_server, demo_gguf, tiny_sd):
     server = make_server(
         {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": GPU_MB}], "vram_margin_mb": MARGIN_MB,

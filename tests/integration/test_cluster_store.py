@@ -9,6 +9,7 @@ import contextlib
 import pytest
 
 from model_boss.cluster import ClusterStore, MemberRecord, SlotRecord
+from model_boss.cluster.store import LISTEN_POLL_S
 
 pytestmark = pytest.mark.redis
 
@@ -65,6 +66,30 @@ async def test_notices_reach_listeners(redis_url, redis_prefix):
 
         assert await asyncio.wait_for(send_until_heard(), 10) == {
             "kind": "slots", "host": "a", "extra": 1}
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await store.close()
+
+
+async def test_the_notice_listener_ends_when_told_without_a_cancel(redis_url, redis_prefix):
+    """Its stop flag, not only a cancel (which can be lost in the client), ends it."""
+    store = ClusterStore(redis_url, prefix=redis_prefix)
+    heard: asyncio.Queue = asyncio.Queue()
+    until = asyncio.Event()
+    listener = asyncio.create_task(store.listen(heard.put_nowait, until=until))
+    try:
+        async def send_until_heard() -> dict:
+            while True:
+                await store.notify("slots", "a")
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(heard.get(), 0.2)
+
+        await asyncio.wait_for(send_until_heard(), 10)
+        until.set()
+        await asyncio.wait_for(asyncio.shield(listener), LISTEN_POLL_S + 2)
+        assert listener.done() and not listener.cancelled()
     finally:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
