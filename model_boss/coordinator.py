@@ -289,6 +289,7 @@ class Coordinator:
             "gpus": [u.to_dict() for u in usage],
             "slots": self.pool.status(),
             "spare_workers": self.pool.spares.status(),
+            "worker_templates": self.pool.templates.status(),
             "queue": queue,
             "client_profiles": {name: profile.model_dump(exclude_none=True)
                                 for name, profile in self.settings.clients.items()},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -35,6 +36,9 @@ def demo_gguf() -> Path:
     return DEMO_GGUF
 
 
+STATE_DIRS: list[Path] = []  # every coordinator's state folder in this test process
+
+
 class ServerProcess:
     """A real coordinator: ``python -m model_boss serve --config FILE`` in its own process.
 
@@ -49,6 +53,7 @@ class ServerProcess:
                  env: dict[str, str] | None = None,
                  headers: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        STATE_DIRS.append(workdir / "state")  # where its workers' pid files are
         self.headers = headers or {}  # sent by client() and status(): a key, when one is set
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -139,11 +144,22 @@ class ServerProcess:
             self._log.close()
 
 
+def worker_env(pid: int) -> dict[str, str]:
+    """The environment worker ``pid`` was started with: ``/proc/PID/environ``, and for a
+    worker forked from a template (whose ``/proc/PID/environ`` is the template's) what its
+    pid file says it was given on top (its key, its GPUs)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    env = dict(item.split("=", 1) for item in raw if "=" in item)
+    for state in STATE_DIRS:
+        record = state / "workers" / f"{pid}.json"
+        if record.is_file():
+            env.update(json.loads(record.read_text()).get("env") or {})
+    return env
+
+
 def worker_secret(pid: int) -> str:
     """The per-worker secret the coordinator gave worker ``pid`` (in its environment)."""
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return next(v.split(b"=", 1)[1].decode() for v in environ
-                if v.startswith(b"WORKER_API_KEY="))
+    return worker_env(pid)["WORKER_API_KEY"]
 
 
 def worker_health(slot: dict) -> dict:

@@ -19,6 +19,7 @@ from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
 from .process import WorkerProcess, exit_words
+from .templates import WorkerTemplates
 from .upstream import UpstreamClient, UpstreamTransportError
 from .worker_errors import upstream_error
 
@@ -100,6 +101,7 @@ class HttpWorkerBackend:
     """
 
     needs_vram = True
+    templates: WorkerTemplates | None = None  # the pool's: forks Python workers
     can_offload = False
     health_path = "/health"
     secret_env: str | None = None  # the variable the worker reads its API key from
@@ -156,7 +158,7 @@ class HttpWorkerBackend:
         self._attach(port, self.secret, WorkerProcess(
             self.manifest.id, self.argv(port, placement), env=self.environment(placement),
             pid_dir=state / "workers", log_file=state / "logs" / f"{_safe(self.manifest.id)}.log",
-        ))
+            templates=self.templates))
         assert self.process is not None
         try:
             await self.process.start()

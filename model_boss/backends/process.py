@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -60,6 +61,25 @@ _POLL_S = 0.05
 _KILL_WAIT_S = 5.0
 
 
+class Child(Protocol):
+    """A started worker as :class:`WorkerProcess` watches it: asyncio's subprocess, or one a
+    template forked (templates.py)."""
+
+    pid: int
+    returncode: int | None
+    stdout: asyncio.StreamReader | None
+
+
+class Forked(Child, Protocol):
+    given_env: dict[str, str]  # what the worker was given beyond its template's environment
+
+
+class Forker(Protocol):
+    """Starts a worker some cheaper way than a new interpreter (templates.py), or says no."""
+
+    async def spawn(self, argv: list[str], env: dict[str, str] | None) -> Forked | None: ...
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         try:
@@ -74,8 +94,10 @@ class WorkerProcess:
 
     def __init__(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
                  pid_dir: Path | None = None, log_file: Path | None = None,
-                 tail_lines: int = 40) -> None:
+                 tail_lines: int = 40, templates: Forker | None = None) -> None:
         self.name = name
+        self.templates = templates  # forks the worker from its template, where there is one
+        self.forked_env: dict[str, str] | None = None  # set when a template forked it
         self.argv = argv
         self.env = env
         self.pid_dir = pid_dir
@@ -83,7 +105,7 @@ class WorkerProcess:
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._errors: deque[str] = deque(maxlen=tail_lines)  # what error_lines() returns
         self.on_line: Callable[[str], None] | None = None  # each output line, as it comes
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Child | None = None
         self._started_at = 0.0  # the leader's create_time: the group's lower age bound
         self._reader: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -145,7 +167,9 @@ class WorkerProcess:
 
     async def start(self) -> None:
         spawned_at = time.time()
-        self._proc = await asyncio.create_subprocess_exec(
+        forked = await self.templates.spawn(self.argv, self.env) if self.templates else None
+        self.forked_env = forked.given_env if forked is not None else None
+        self._proc = forked or await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -162,7 +186,8 @@ class WorkerProcess:
         self._write_pid_file()
         self._reader = asyncio.create_task(self._read_output(), name=f"{self.name}-output")
         self._watcher = asyncio.create_task(self._watch_exit(), name=f"{self.name}-exit")
-        log.info("worker %s started: pid %s: %s", self.name, self.pid, " ".join(self.argv))
+        log.info("worker %s started%s: pid %s: %s", self.name,
+                 " (forked from its template)" if forked else "", self.pid, " ".join(self.argv))
 
     async def _read_output(self) -> None:
         assert self._proc and self._proc.stdout
@@ -284,9 +309,17 @@ class WorkerProcess:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"pid": self.pid, "pgid": self.pgid, "name": self.name,
-                                        "create_time": self._started_at, "argv": self.argv,
-                                        "parent": os.getpid()}))
+            record = {"pid": self.pid, "pgid": self.pgid, "name": self.name,
+                      "create_time": self._started_at, "argv": self.argv,
+                      "parent": os.getpid()}
+            if self.forked_env is not None:
+                # a forked worker's /proc/PID/environ is its template's: what it was given
+                # on top of that is kept here (its key too: readable by this user alone, as
+                # /proc/PID/environ is)
+                record["env"] = self.forked_env
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(record))
         except OSError as exc:
             log.warning("could not write pid file for %s: %s", self.name, exc)
 

@@ -32,6 +32,7 @@ import psutil
 
 from ..errors import LoadFailed
 from .process import WorkerProcess, free_port
+from .templates import WorkerTemplates
 from .worker_errors import upstream_error
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ class SpareWorkers:
     """At most one spare per kind; :meth:`take` hands a ready one over, :meth:`replenish`
     starts the next. Off when ``settings.spare_workers`` is false."""
 
-    def __init__(self, settings: Settings, events: EventBus) -> None:
+    def __init__(self, settings: Settings, events: EventBus,
+                 templates: WorkerTemplates | None = None) -> None:
         self.settings = settings
         self.events = events
+        self.templates = templates
         self.enabled = settings.spare_workers
         self._ready: dict[str, Spare] = {}
         self._starting: dict[str, asyncio.Task] = {}
@@ -134,7 +137,7 @@ class SpareWorkers:
         env.pop("CUDA_VISIBLE_DEVICES", None)  # POST /load sets it, before CUDA's first use
         process = WorkerProcess(f"spare-{kind}", spare_argv(kind, port), env=env,
                                 pid_dir=state / "workers", log_file=state / "logs" /
-                                f"spare-{kind}.log")
+                                f"spare-{kind}.log", templates=self.templates)
         spare = Spare(kind, process, port, secret)
         self._coming[kind] = spare
         try:

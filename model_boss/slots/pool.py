@@ -13,6 +13,7 @@ from typing import Any
 from ..backends.base import InferenceBackend
 from ..backends.llama.prompt_cache import PromptCache
 from ..backends.spare import SpareWorkers
+from ..backends.templates import WorkerTemplates
 from ..catalog import BackendKind, Catalog, CatalogEntry
 from ..errors import CapacityExceeded, LeaseUnavailable, LoadFailed
 from ..events import EventBus
@@ -66,7 +67,8 @@ class ModelPool:
         self.owners: dict[str, SlotOwner] = {}
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
-        self.spares = SpareWorkers(settings, events)
+        self.templates = WorkerTemplates(settings)
+        self.spares = SpareWorkers(settings, events, self.templates)
         self.prompt_cache = PromptCache(settings.prompt_cache_path, settings.prompt_cache_mb,
                                         settings.prompt_cache_min_tokens,
                                         settings.prompt_cache_save_s)
@@ -99,6 +101,8 @@ class ModelPool:
         backend = self.backend_factory(entry, self.settings)
         if hasattr(backend, "spares"):
             backend.spares = self.spares
+        if hasattr(backend, "templates"):
+            backend.templates = self.templates
         if hasattr(backend, "prompt_cache"):
             backend.prompt_cache = self.prompt_cache
         return backend
@@ -369,6 +373,7 @@ class ModelPool:
                 await task
         for owner in list(self.owners.values()):
             await owner.shutdown()
+        await self.templates.shutdown()  # after the workers: its own go with it
 
     def offloaded_mb(self) -> int:
         return self.cpu_tier.offloaded_mb()

@@ -13,7 +13,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for
+from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for, worker_secret
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +40,7 @@ def slot(server, model):
 
 def worker_health(server, model="tiny-sd"):
     worker = slot(server, model)  # the worker answers only with the coordinator's secret
-    environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
-    secret = next(v[15:].decode() for v in environ if v.startswith(b"WORKER_API_KEY="))
+    secret = worker_secret(worker["pid"])
     return httpx.get(f"http://127.0.0.1:{worker['port']}/health",
                      headers={"Authorization": f"Bearer {secret}"}).json()
 
@@ -184,8 +183,7 @@ def test_the_worker_answers_only_the_coordinator(server):
                       timeout=120).status_code == 200
     worker = slot(server, "tiny-sd")
     argv = Path(f"/proc/{worker['pid']}/cmdline").read_bytes().decode().split("\0")
-    environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
-    secret = next(v[15:].decode() for v in environ if v.startswith(b"WORKER_API_KEY="))
+    secret = worker_secret(worker["pid"])
     assert len(secret) >= 32 and not any(secret in part for part in argv)
     url = f"http://127.0.0.1:{worker['port']}"
     for path in ("/health", "/progress"):

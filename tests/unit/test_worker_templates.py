@@ -1,0 +1,144 @@
+"""Workers forked from a template (backends/templates.py, workers/template.py): each is the
+coordinator's worker as a freshly started one would be (its own session, its output read,
+its exit status known, stopped and killed the same way), only the imports come from the
+template, and when the template cannot serve, the worker starts the plain way.
+
+Real processes throughout; the worker is ``tests.workers.forkme``, which says what it was
+given."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+
+import psutil
+import pytest
+
+from model_boss.backends.process import WorkerProcess
+from model_boss.backends.templates import WorkerTemplates
+from model_boss.settings import Settings
+from tests.conftest import ROOT
+
+MODULE = "tests.workers.forkme"
+
+
+@pytest.fixture
+async def templates(tmp_path):
+    made = WorkerTemplates(Settings(state_dir=tmp_path / "state", health_timeout_s=60,
+                                    stop_grace_s=2))
+    made.modules = frozenset({MODULE})
+    yield made
+    await made.shutdown()
+
+
+def env(**more: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **more}
+
+
+def worker(templates: WorkerTemplates, *args: str, **more: str) -> WorkerProcess:
+    return WorkerProcess("forkme", [sys.executable, "-m", MODULE, *args], env=env(**more),
+                         templates=templates, pid_dir=templates.settings.state_path / "workers")
+
+
+async def until(predicate, timeout_s: float = 30) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # noqa: ASYNC110 (a process's output: no event to wait on)
+            await asyncio.sleep(0.02)
+
+
+async def first_line(process: WorkerProcess) -> dict[str, str]:
+    await until(process.tail)
+    line = process.tail()[0]
+    return dict(re.findall(r"(\w+)=([^ ]+)", line)) | {"line": line}
+
+
+async def test_a_forked_worker_is_a_worker_like_any_other(templates):
+    process = worker(templates, "sleep", WORKER_API_KEY="k1", CUDA_VISIBLE_DEVICES="1")
+    await process.start()
+    said = await first_line(process)
+    template = templates.status()[0]
+    assert template["forks"] == 1 and template["ready"], template
+    assert said.get("pid") == str(process.pid) and said["ppid"] == str(template["pid"]), said
+    assert said["sid"] == str(process.pid)  # its own session: a stop reaches its group
+    assert said["key"] == "k1" and said["gpus"] == "1", said
+    assert "'sleep'" in said["line"] and "main=__main__" in said["line"]
+    assert process.running and process.exited() is False
+    # its pid file keeps what /proc/PID/environ (the template's) cannot show, for this user
+    record = templates.settings.state_path / "workers" / f"{process.pid}.json"
+    assert json.loads(record.read_text())["env"] == {"WORKER_API_KEY": "k1",
+                                                     "CUDA_VISIBLE_DEVICES": "1"}
+    assert record.stat().st_mode & 0o777 == 0o600
+    if importlib.util.find_spec("setproctitle"):  # ps shows the worker's command line
+        shown = " ".join(psutil.Process(process.pid).cmdline()).split()
+        assert shown == [sys.executable, "-m", MODULE, "sleep"], shown
+    code = await process.stop(grace_s=5)
+    assert code == -signal.SIGTERM and not psutil.pid_exists(process.pid) or \
+        psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_exit_codes_and_the_output_come_back(templates):
+    process = worker(templates, "exit", "3")
+    exited: list[int] = []
+    await process.start()
+    process.on_exit = exited.append
+    assert await process.wait_exit(30) == 3
+    await until(lambda: exited, 10)
+    assert exited == [3] and "argv=['exit', '3']" in process.tail()[0]
+
+
+async def test_one_template_serves_workers_that_differ_in_key_and_gpus_only(templates):
+    first = worker(templates, "exit", "0", WORKER_API_KEY="a", CUDA_VISIBLE_DEVICES="0")
+    second = worker(templates, "exit", "0", WORKER_API_KEY="b", CUDA_VISIBLE_DEVICES="1")
+    await first.start()
+    await second.start()
+    assert [t["forks"] for t in templates.status()] == [2]
+    other = worker(templates, "exit", "0", OMP_NUM_THREADS="7")  # read at import: its own
+    await other.start()
+    assert sorted(t["forks"] for t in templates.status()) == [1, 2]
+    for process in (first, second, other):
+        assert await process.wait_exit(30) == 0
+
+
+async def test_a_worker_that_ignores_sigterm_is_killed(templates):
+    process = worker(templates, "ignore-term")
+    await process.start()
+    await first_line(process)
+    assert await process.stop(grace_s=0.5) == -signal.SIGKILL
+
+
+async def test_when_the_template_dies_its_workers_go_and_the_next_starts_anew(templates):
+    process = worker(templates, "sleep")
+    await process.start()
+    await first_line(process)
+    old = templates.status()[0]["pid"]
+    os.kill(old, signal.SIGKILL)
+    assert await process.wait_exit(30) == -signal.SIGKILL  # it dies with its parent
+    again = worker(templates, "exit", "0")
+    await again.start()
+    assert await again.wait_exit(30) == 0
+    assert templates.status()[0]["pid"] != old
+
+
+async def test_a_template_that_cannot_start_leaves_the_plain_start(templates):
+    templates.modules = frozenset({MODULE, "tests.workers.no_such_module"})
+    process = WorkerProcess("missing", [sys.executable, "-m", "tests.workers.no_such_module"],
+                            env=env(), templates=templates)
+    await process.start()  # the template fails its imports; the plain start runs instead
+    assert await process.wait_exit(30) == 1
+    assert "No module named" in " ".join(process.tail())
+    assert templates.status() == []
+
+
+async def test_templates_off_start_the_plain_way(tmp_path):
+    off = WorkerTemplates(Settings(state_dir=tmp_path / "state", worker_templates=False))
+    off.modules = frozenset({MODULE})
+    process = worker(off, "exit", "0")
+    await process.start()
+    said = await first_line(process)
+    assert said["ppid"] == str(os.getpid()) and off.status() == []
+    assert await process.wait_exit(30) == 0

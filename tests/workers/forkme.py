@@ -1,0 +1,26 @@
+"""A worker for the template tests: says what it was given, then does what its first argument
+asks (``exit N``, ``sleep``, ``ignore-term``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def main() -> None:
+    print(f"argv={sys.argv[1:]} key={os.environ.get('WORKER_API_KEY')} "
+          f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} sid={os.getsid(0)} pid={os.getpid()} "
+          f"ppid={os.getppid()} main={__name__}", flush=True)
+    action = sys.argv[1] if len(sys.argv) > 1 else "exit"
+    if action == "exit":
+        sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    if action == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()
