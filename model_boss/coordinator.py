@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from .backends.process import reap_orphans
+from .backends.processes import reap_orphans
 from .backends.spare import DIFFUSERS, TRANSFORMERS
 from .catalog import BackendKind, build_catalog
 from .catalog.tasks import TaskRegistry

@@ -161,7 +161,7 @@ class Settings(BaseSettings):
     llama_cache_ram_mb: int | None = Field(default=None, ge=0)
     spare_workers: bool = True  # a pre-started diffusers worker waits for the next cold load
     # diffusers and transformers workers forked from a process that did their imports once
-    # (backends/templates.py); off: each starts a fresh interpreter
+    # (backends/processes/templates.py); off: each starts a fresh interpreter
     worker_templates: bool = True
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)

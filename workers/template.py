@@ -219,6 +219,7 @@ class Template:
         if pid == 0:
             _become_worker(self.module, request, output,
                            [self.listener.fileno(), conn.fileno(), self.wake_r, self.wake_w,
+                            self.selector.fileno(),
                             *[c.fileno() for c in self.children.values()]])
         os.close(output)
         self.children[pid] = conn

@@ -18,8 +18,7 @@ from ..catalog import CatalogEntry
 from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
-from .process import WorkerProcess, exit_words
-from .templates import WorkerTemplates
+from .processes import WorkerProcess, WorkerTemplates, exit_words
 from .upstream import UpstreamClient, UpstreamTransportError
 from .worker_errors import upstream_error
 

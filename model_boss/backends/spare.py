@@ -31,8 +31,7 @@ import httpx
 import psutil
 
 from ..errors import LoadFailed
-from .process import WorkerProcess, free_port
-from .templates import WorkerTemplates
+from .processes import WorkerProcess, WorkerTemplates, free_port
 from .worker_errors import upstream_error
 
 if TYPE_CHECKING:

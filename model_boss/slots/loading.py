@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..backends.base import InferenceBackend
-from ..backends.process import free_port
+from ..backends.processes import free_port
 from ..errors import LoadFailed, ModelBossError
 from ..gpu.lease import Lease
 from ..gpu.placement import Placement

@@ -12,8 +12,8 @@ from typing import Any
 
 from ..backends.base import InferenceBackend
 from ..backends.llama.prompt_cache import PromptCache
+from ..backends.processes import WorkerTemplates
 from ..backends.spare import SpareWorkers
-from ..backends.templates import WorkerTemplates
 from ..catalog import BackendKind, Catalog, CatalogEntry
 from ..errors import CapacityExceeded, LeaseUnavailable, LoadFailed
 from ..events import EventBus
@@ -97,14 +97,11 @@ class ModelPool:
         return self.owner(model_id).slot
 
     def new_backend(self, entry: CatalogEntry) -> InferenceBackend:
-        """A backend for one load of ``entry``; a kind that can use spare workers gets ours."""
+        """A backend for one load of ``entry``, given the spares, templates and cache it takes."""
         backend = self.backend_factory(entry, self.settings)
-        if hasattr(backend, "spares"):
-            backend.spares = self.spares
-        if hasattr(backend, "templates"):
-            backend.templates = self.templates
-        if hasattr(backend, "prompt_cache"):
-            backend.prompt_cache = self.prompt_cache
+        for shared in ("spares", "templates", "prompt_cache"):
+            if hasattr(backend, shared):
+                setattr(backend, shared, getattr(self, shared))
         return backend
 
     def stay_warm_for(self, entry: CatalogEntry) -> float:

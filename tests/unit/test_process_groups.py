@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from model_boss.backends.process import WorkerProcess, group_members, reap_orphans
+from model_boss.backends.processes import WorkerProcess, group_members, reap_orphans
 from tests.conftest import ROOT, pid_alive, wait_for
 from tests.workers.group_probe import kill_leftovers, live_group
 
@@ -170,7 +170,7 @@ async def test_a_workers_error_lines_its_log_stamps_and_its_end_in_words(tmp_pat
     came after them), a wall-clock stamp on every line of the worker's log file, and how
     the process ended in words."""
     from model_boss.backends.base import exit_story
-    from model_boss.backends.process import exit_words
+    from model_boss.backends.processes import exit_words
 
     script = ("echo '2.20.649.927 I slot launch_slot_: id 0 | processing task'; "
               "echo 'E llama_model_load: failed to read the tensor data'; "

@@ -1,5 +1,5 @@
-"""Workers forked from a template (backends/templates.py, workers/template.py): each is the
-coordinator's worker as a freshly started one would be (its own session, its output read,
+"""Workers forked from a template (backends/processes/templates.py, workers/template.py): each
+is the coordinator's worker as a freshly started one would be (its own session, its output read,
 its exit status known, stopped and killed the same way), only the imports come from the
 template, and when the template cannot serve, the worker starts the plain way.
 
@@ -19,8 +19,7 @@ import sys
 import psutil
 import pytest
 
-from model_boss.backends.process import WorkerProcess
-from model_boss.backends.templates import WorkerTemplates
+from model_boss.backends.processes import WorkerProcess, WorkerTemplates
 from model_boss.settings import Settings
 from tests.conftest import ROOT
 
@@ -66,6 +65,9 @@ async def test_a_forked_worker_is_a_worker_like_any_other(templates):
     assert said.get("pid") == str(process.pid) and said["ppid"] == str(template["pid"]), said
     assert said["sid"] == str(process.pid)  # its own session: a stop reaches its group
     assert said["key"] == "k1" and said["gpus"] == "1", said
+    # nothing of the template's is left open in it: its input, its output twice, and the
+    # descriptor its own listing of them takes
+    assert said["fds"] == "0,1,2,3", said
     assert "'sleep'" in said["line"] and "main=__main__" in said["line"]
     assert process.running and process.exited() is False
     # its pid file keeps what /proc/PID/environ (the template's) cannot show, for this user

@@ -12,7 +12,8 @@ import time
 def main() -> None:
     print(f"argv={sys.argv[1:]} key={os.environ.get('WORKER_API_KEY')} "
           f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} sid={os.getsid(0)} pid={os.getpid()} "
-          f"ppid={os.getppid()} main={__name__}", flush=True)
+          f"ppid={os.getppid()} main={__name__} "
+          f"fds={','.join(sorted(os.listdir('/proc/self/fd'), key=int))}", flush=True)
     action = sys.argv[1] if len(sys.argv) > 1 else "exit"
     if action == "exit":
         sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from model_boss.backends.process import WorkerProcess
+from model_boss.backends.processes import WorkerProcess
 
 _PR_SET_CHILD_SUBREAPER = 36
 

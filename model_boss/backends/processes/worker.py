@@ -7,10 +7,8 @@ pid file in ``state_dir/workers`` naming the worker's process group and its lead
 tail of its output kept for error messages, and an exit watcher that reports unexpected deaths
 at once and kills whatever the dead leader left in its group.
 
-The leader is the worker: when it exits, the rest of its process group goes too. A worker's
-group is every live process whose process group or session is the leader's pid and that started
-no earlier than the leader (less a second of clock slack), so a pid number reused since is left
-alone; our own process, group and session are never touched.
+The leader is the worker: when it exits, the rest of its process group goes too (groups.py
+says who is in a group).
 """
 
 from __future__ import annotations
@@ -32,6 +30,8 @@ from pathlib import Path
 from typing import Protocol
 
 import psutil
+
+from .groups import group_members, kill_group, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,6 @@ def exit_words(code: int | None) -> str:
     return f"exit status {code}"
 
 _PR_SET_PDEATHSIG = 1
-_CLOCK_SLACK_S = 1.0  # start times from /proc and from the pid file may differ this much
 _POLL_S = 0.05
 _KILL_WAIT_S = 5.0
 
@@ -285,7 +284,7 @@ class WorkerProcess:
             return None
         if self.running or await asyncio.to_thread(group_members, self.pgid,
                                                    self._started_at):
-            _signal_group(self.pgid, signal.SIGTERM)
+            signal_group(self.pgid, signal.SIGTERM)
             if not await self._group_gone(grace_s):
                 log.warning("worker %s ignored SIGTERM for %.1fs; killing", self.name, grace_s)
         await self._kill_group()  # anything left in its group
@@ -328,97 +327,6 @@ class WorkerProcess:
         if path is not None:
             with contextlib.suppress(OSError):
                 path.unlink()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _ours(pgid: int) -> bool:
-    return pgid <= 1 or pgid in (os.getpid(), os.getpgrp(), os.getsid(0))
-
-
-def _scan_group(pgid: int, since: float) -> tuple[list[psutil.Process], bool]:
-    """Live processes in group or session ``pgid`` started at or after ``since`` (less the
-    slack), and whether that group also holds an older process (a reused number)."""
-    members: list[psutil.Process] = []
-    older = False
-    own = os.getpid()
-    for pid in psutil.pids():
-        if pid == own:
-            continue
-        try:
-            if pgid not in (os.getpgid(pid), os.getsid(pid)):
-                continue
-            proc = psutil.Process(pid)
-            if proc.create_time() < since - _CLOCK_SLACK_S:
-                older = True
-            elif proc.status() != psutil.STATUS_ZOMBIE:
-                members.append(proc)
-        except (OSError, psutil.Error):  # gone while we looked
-            continue
-    return members, older
-
-
-def group_members(pgid: int, since: float) -> list[int]:
-    """Pids of the live processes of the worker group ``pgid`` whose leader started at
-    ``since`` (its process group or session, not older than the leader)."""
-    if _ours(pgid):
-        return []
-    return [proc.pid for proc in _scan_group(pgid, since)[0]]
-
-
-def kill_group(pgid: int, since: float) -> list[int]:
-    """SIGKILL every live process of the worker group ``pgid`` (see :func:`group_members`),
-    whether or not its leader is still there; returns their pids."""
-    if _ours(pgid):
-        return []
-    killed: list[int] = []
-    for _ in range(5):  # again while new ones turn up: a fork may race the scan
-        members, older = _scan_group(pgid, since)
-        fresh = [proc for proc in members if proc.pid not in killed]
-        if not fresh:
-            break
-        if not older:  # killpg also reaches a child forked after the scan
-            _signal_group(pgid, signal.SIGKILL)
-        for proc in fresh:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-            killed.append(proc.pid)
-    return killed
-
-
-def _reused(pgid: int, since: float) -> bool:
-    """Whether a process other than the recorded leader now holds the leader's pid."""
-    try:
-        return abs(psutil.Process(pgid).create_time() - since) >= _CLOCK_SLACK_S
-    except psutil.Error:
-        return False  # the leader is gone; its group may still have members
-
-
-def reap_orphans(pid_dir: Path) -> list[int]:
-    """Kill the process groups of workers a previous coordinator left behind (from their pid
-    files), leader or no leader; return the pids killed."""
-    reaped: list[int] = []
-    if not pid_dir.is_dir():
-        return reaped
-    for path in pid_dir.glob("*.json"):
-        try:
-            record = json.loads(path.read_text())
-            pgid = int(record.get("pgid", record["pid"]))
-            since = float(record["create_time"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring unreadable pid file %s: %s", path, exc)
-        else:
-            pids = [] if _reused(pgid, since) else kill_group(pgid, since)
-            if pids:
-                reaped.extend(pids)
-                log.warning("reaped orphan worker %s (process group %d, pids %s) from a "
-                            "previous run", record.get("name"), pgid, pids)
-        with contextlib.suppress(OSError):
-            path.unlink()
-    return reaped
 
 
 def free_port(host: str = "127.0.0.1") -> int:

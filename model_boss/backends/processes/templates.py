@@ -35,8 +35,8 @@ from typing import Any
 
 import psutil
 
-from ..settings import Settings
-from .process import WorkerProcess
+from ...settings import Settings
+from .worker import WorkerProcess
 
 log = logging.getLogger(__name__)
 
