@@ -82,7 +82,7 @@ def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool, template: b
             status = server.status()
             [slot] = status["slots"]
             worker_loads.append(worker_health(slot)["load_s"])
-            templates = status["worker_templates"]
+            templates = [_rss_mb(t["pid"]) for t in status["worker_templates"] if t.get("pid")]
             unloaded = httpx.post(server.url + "/api/v1/models/sd/unload", timeout=60)
             assert unloaded.status_code == 200, unloaded.text
         events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
@@ -93,7 +93,7 @@ def cold_starts(workdir: Path, path: Path, rounds: int, spare: bool, template: b
             "used": sum(e["type"] == "spare_taken" for e in events),
             "spare_ready": [e["seconds"] for e in events if e["type"] == "spare_ready"],
             "spare_rss": [s["rss_mb"] for s in spares if s.get("rss_mb")],
-            "template_rss": [_rss_mb(t["pid"]) for t in templates if t.get("pid")]}
+            "template_rss": templates}
 
 
 def _rss_mb(pid: int) -> float:
@@ -127,7 +127,7 @@ def main() -> None:
              "cold, no spare": cold["side"], "cold, template": forked["side"],
              "cold, spare": spare["side"]}
     print("sides compared (the warm load runs in this process; the cold ones differ only in "
-          "spare_workers):")
+          "spare_workers and worker_templates):")
     print_sides(sides, sep="=")
     same_except({"warm": {"pipeline": str(path)}, "cold": {"pipeline": cold["side"]["sd.path"]},
                  "forked": {"pipeline": forked["side"]["sd.path"]},
