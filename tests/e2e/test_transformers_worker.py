@@ -23,6 +23,7 @@ import av
 import httpx
 import ollama
 import openai
+import psutil
 import pytest
 
 from tests.conftest import (
@@ -581,3 +582,29 @@ def test_a_transformers_load_reports_its_stages(server):
     assert stages[0] == "leasing" and stages[-1] == "ready", stages
     assert "loading" in stages or "starting" in stages, stages
     assert stages == sorted(stages, key=order.index) and len(stages) == len(set(stages))
+
+
+# last: it takes every transformers worker down with the template
+def test_workers_are_forked_from_one_template_and_go_with_it(server):
+    """Every transformers worker after the first is forked from the template (its parent),
+    which did the imports once. A killed template takes the workers it forked with it: their
+    slots leave READY and give their leases back, and the next request loads the model from a
+    new template."""
+    httpx.post(server.url + "/v1/embeddings", json={"model": "embed", "input": "x"},
+               timeout=60).raise_for_status()
+    [template] = server.status()["worker_templates"]
+    assert template["module"] == "workers.transformers" and template["forks"] >= 2, template
+    worker = slot(server, "embed")
+    assert psutil.Process(worker["pid"]).ppid() == template["pid"]
+    since = last_seq(server)
+    os.kill(template["pid"], signal.SIGKILL)
+    wait_for(lambda: (s := slot(server, "embed"))["state"] != "ready" and s["lease"] is None,
+             timeout=15, what=lambda: slot(server, "embed"))
+    crashed = [e for e in events(server, "worker_crashed", since) if e["model"] == "embed"]
+    assert crashed, events(server, "worker_crashed", since)
+    again = httpx.post(server.url + "/v1/embeddings", timeout=120,
+                       json={"model": "embed", "input": "x"})
+    assert again.status_code == 200, again.text
+    [fresh] = server.status()["worker_templates"]
+    assert fresh["pid"] != template["pid"]
+    assert psutil.Process(slot(server, "embed")["pid"]).ppid() == fresh["pid"]
