@@ -30,13 +30,12 @@ from typing import Any
 
 import httpx
 import orjson
-import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.harness import BenchServer, check_sides, coordinator_side
 from model_boss.backends.http_link import HttpLink
-from tests.conftest import worker_health
+from tests.conftest import worker_env, worker_health
 from tests.transformers_fixtures import WORDS, build_embedder
 
 CLIENTS = 32
@@ -109,7 +108,7 @@ def main() -> None:
         run(through(server.url, sentences(0)))  # load and warm
         direct.encode(sentences(0), batch_size=CLIENTS)
         slot = next(s for s in server.status()["slots"] if s["model"] == "mini")
-        worker_env = psutil.Process(slot["pid"]).environ()
+        started_with = worker_env(slot["pid"])
         check_sides({  # each process's torch takes its thread count from OMP_NUM_THREADS
             "baseline": {"path": "one encode() in this process", "model": str(model_dir),
                          "batch_size": CLIENTS, "sentences": CLIENTS, "device": "cpu",
@@ -120,9 +119,9 @@ def main() -> None:
                                    f"(max_batch_wait_ms {mb['mini.max_batch_wait_ms']})",
                            "model": mb["mini.path"], "batch_size": mb["mini.batch_size"],
                            "sentences": CLIENTS, "device": "cpu",
-                           "OMP_NUM_THREADS": worker_env.get("OMP_NUM_THREADS", "unset"),
-                           "OMP_WAIT_POLICY": worker_env.get("OMP_WAIT_POLICY", "unset"),
-                           "GOMP_SPINCOUNT": worker_env.get("GOMP_SPINCOUNT", "unset")}},
+                           "OMP_NUM_THREADS": started_with.get("OMP_NUM_THREADS", "unset"),
+                           "OMP_WAIT_POLICY": started_with.get("OMP_WAIT_POLICY", "unset"),
+                           "GOMP_SPINCOUNT": started_with.get("GOMP_SPINCOUNT", "unset")}},
             ["path", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"],
             f"sides compared (torch threads here: {torch.get_num_threads()})")
         baseline, via = [], []

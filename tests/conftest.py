@@ -144,17 +144,22 @@ class ServerProcess:
             self._log.close()
 
 
-def worker_env(pid: int) -> dict[str, str]:
-    """The environment worker ``pid`` was started with: ``/proc/PID/environ``, and for a
-    worker forked from a template (whose ``/proc/PID/environ`` is the template's) what its
-    pid file says it was given on top (its key, its GPUs)."""
+def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-    env = dict(item.split("=", 1) for item in raw if "=" in item)
+    return dict(item.split("=", 1) for item in raw if "=" in item)
+
+
+def worker_env(pid: int) -> dict[str, str]:
+    """The environment worker ``pid`` was started with: its ``/proc/PID/environ``; for a
+    worker forked from a template (its pid file says what it was given: its key, its GPUs)
+    the template's environment, which is the rest of it (the worker's own ``/proc`` copy is
+    the template's, or overwritten by its process title), with that on top."""
     for state in STATE_DIRS:
         record = state / "workers" / f"{pid}.json"
-        if record.is_file():
-            env.update(json.loads(record.read_text()).get("env") or {})
-    return env
+        given = json.loads(record.read_text()).get("env") if record.is_file() else None
+        if given is not None:
+            return {**_environ(psutil.Process(pid).ppid()), **given}
+    return _environ(pid)
 
 
 def worker_secret(pid: int) -> str:

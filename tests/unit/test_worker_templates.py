@@ -64,7 +64,7 @@ async def test_a_forked_worker_is_a_worker_like_any_other(templates):
     assert template["forks"] == 1 and template["ready"], template
     assert said.get("pid") == str(process.pid) and said["ppid"] == str(template["pid"]), said
     assert said["sid"] == str(process.pid)  # its own session: a stop reaches its group
-    assert said["key"] == "k1" and said["gpus"] == "1", said
+    assert said["key"] == "k1" and said["gpus"] == "1" and said["cgpus"] == "1", said
     # nothing of the template's is left open in it: its input, its output twice, and the
     # descriptor its own listing of them takes
     assert said["fds"] == "0,1,2,3", said

@@ -3,14 +3,24 @@ asks (``exit N``, ``sleep``, ``ignore-term``)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
 import time
 
 
+def c_getenv(name: str) -> str | None:
+    """What C code (the CUDA driver) reads, not Python's copy."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(name.encode())
+    return value.decode() if value is not None else None
+
+
 def main() -> None:
     print(f"argv={sys.argv[1:]} key={os.environ.get('WORKER_API_KEY')} "
+          f"cgpus={c_getenv('CUDA_VISIBLE_DEVICES')} "
           f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} sid={os.getsid(0)} pid={os.getpid()} "
           f"ppid={os.getppid()} main={__name__} "
           f"fds={','.join(sorted(os.listdir('/proc/self/fd'), key=int))}", flush=True)
