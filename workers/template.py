@@ -58,6 +58,21 @@ def preimport(module: str) -> None:
             getattr(imported, function)()
 
 
+def fork_hazard() -> str | None:
+    """What the imports left that a fork must not copy: a CUDA context (a child cannot use
+    its parent's), or a Python thread (a fork copies only the thread that forks, and a lock
+    another thread held stays held in the child)."""
+    import threading
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the imports initialized CUDA"
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if others:
+        return f"the imports started threads: {', '.join(others)}"
+    return None
+
+
 def _pdeathsig() -> None:
     if sys.platform.startswith("linux"):
         try:
@@ -259,6 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     preimport(args.module)
     print(f"template imports of {args.module} took {time.perf_counter() - started:.2f}s",
           flush=True)
+    unsafe = fork_hazard()
+    if unsafe:  # the coordinator then starts this module's workers the plain way
+        print(f"template refuses to fork: {unsafe}", flush=True)
+        sys.exit(1)
     template = Template(args.module, args.socket, args.parent_pid)
     try:
         template.serve()

@@ -127,13 +127,16 @@ async def test_when_the_template_dies_its_workers_go_and_the_next_starts_anew(te
 
 
 async def test_a_template_that_cannot_start_leaves_the_plain_start(templates):
-    templates.modules = frozenset({MODULE, "tests.workers.no_such_module"})
-    process = WorkerProcess("missing", [sys.executable, "-m", "tests.workers.no_such_module"],
-                            env=env(), templates=templates)
+    module = "tests.no_such_package.worker"  # the template imports its package, and fails
+    templates.modules = frozenset({MODULE, module})
+    process = WorkerProcess("missing", [sys.executable, "-m", module], env=env(),
+                            templates=templates)
     await process.start()  # the template fails its imports; the plain start runs instead
     assert await process.wait_exit(30) == 1
     assert "No module named" in " ".join(process.tail())
     assert templates.status() == []
+    log = (templates.settings.state_path / "logs" / "template-worker.log").read_text()
+    assert "No module named 'tests.no_such_package'" in log, log  # the template was tried
 
 
 async def test_templates_off_start_the_plain_way(tmp_path):
@@ -144,3 +147,18 @@ async def test_templates_off_start_the_plain_way(tmp_path):
     said = await first_line(process)
     assert said["ppid"] == str(os.getpid()) and off.status() == []
     assert await process.wait_exit(30) == 0
+
+
+async def test_a_template_whose_imports_start_a_thread_refuses_to_fork(templates):
+    """A fork copies only the forking thread (a lock another held would stay held), so a
+    template whose imports started one exits, saying so, and the worker starts plainly."""
+    module = "tests.workers.threaded.run"
+    templates.modules = frozenset({module})
+    process = WorkerProcess("threaded", [sys.executable, "-m", module], env=env(),
+                            templates=templates)
+    await process.start()
+    assert await process.wait_exit(30) == 0
+    assert process.tail() == [f"ran ppid={os.getpid()}"]  # a child of ours, not a fork
+    assert templates.status() == []
+    log = (templates.settings.state_path / "logs" / "template-run.log").read_text()
+    assert "refuses to fork: the imports started threads: started-at-import" in log, log

@@ -175,7 +175,7 @@ class WorkerTemplates:
 
     def module_of(self, argv: list[str]) -> str | None:
         """The worker module ``argv`` starts, if a template can start it instead."""
-        if (self.settings.worker_templates and len(argv) > 3 and argv[0] == sys.executable
+        if (self.settings.worker_templates and len(argv) >= 3 and argv[0] == sys.executable
                 and argv[1] == "-m" and argv[2] in self.modules):
             return argv[2]
         return None
