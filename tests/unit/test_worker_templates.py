@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from model_boss.backends.processes import WorkerProcess, WorkerTemplates
+from model_boss.backends.processes.templates import clear_left_folders
 from model_boss.settings import Settings
 from tests.conftest import ROOT
 
@@ -162,3 +163,20 @@ async def test_a_template_whose_imports_start_a_thread_refuses_to_fork(templates
     assert templates.status() == []
     log = (templates.settings.state_path / "logs" / "template-run.log").read_text()
     assert "refuses to fork: the imports started threads: started-at-import" in log, log
+
+
+def test_socket_folders_of_gone_coordinators_are_cleared(tmp_path):
+    """A SIGKILLed coordinator leaves its templates' socket folder; the next one clears it,
+    and never a live coordinator's folder or anything else."""
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f"model-boss-templates-{gone.pid}-abc"
+    live = tmp_path / f"model-boss-templates-{os.getpid()}-def"
+    other = tmp_path / "model-boss-templates-notapid"
+    for folder in (left, live, other):
+        folder.mkdir()
+        (folder / "1.sock").write_text("")
+    assert clear_left_folders(str(tmp_path)) == [str(left)]
+    assert not left.exists() and live.exists() and other.exists()

@@ -49,6 +49,31 @@ _READY_LINE = "template ready"
 _OUTPUT_LIMIT = 1 << 16  # a line of worker output, as asyncio's subprocess pipes take it
 
 
+_FOLDER_PREFIX = "model-boss-templates-"
+
+
+def clear_left_folders(root: str | None = None) -> list[str]:
+    """Remove the socket folders of coordinators that are gone (one SIGKILLed leaves its
+    folder behind; its templates died with it). A folder is named after its coordinator's
+    pid; only this user's folders are looked at. Returns those removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name.removeprefix(_FOLDER_PREFIX).split("-", 1)[0]
+        path = os.path.join(root, name)
+        if not name.startswith(_FOLDER_PREFIX) or not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid == os.getuid():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
 class ForkedProcess:
     """A worker forked by a template, as :class:`WorkerProcess` sees a child: ``pid``,
     ``returncode`` (set once the template reports the exit) and ``stdout``."""
@@ -212,7 +237,8 @@ class WorkerTemplates:
 
     async def _start(self, key: str, module: str, env: dict[str, str]) -> _Template | None:
         if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix="model-boss-templates-")  # mode 0700
+            clear_left_folders()
+            self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-")  # 0700
         self._numbers += 1
         template = _Template(module, env, self._folder, self.settings, self._numbers)
         self._templates[key] = template
