@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -84,7 +85,15 @@ class ForkedProcess:
         self.given_env = given_env
         self.stdout = stdout
         self.returncode: int | None = None
+        self._pidfd: int | None = None  # this process, never a later holder of its number
+        with contextlib.suppress(OSError, AttributeError):  # Linux 5.3+
+            self._pidfd = os.pidfd_open(pid)
         self._exit = asyncio.create_task(self._watch(answers, writer), name=f"forked-{pid}")
+
+    def _gone(self) -> bool:
+        if self._pidfd is None:
+            return not _alive(self.pid)
+        return bool(select.select([self._pidfd], [], [], 0)[0])
 
     async def _watch(self, answers: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         code: int | None = None
@@ -95,11 +104,16 @@ class ForkedProcess:
             log.debug("template answer for pid %s: %s", self.pid, exc)
         finally:
             writer.close()
-        if code is None:  # the template went first: the worker dies with it, by SIGKILL
-            while _alive(self.pid):  # noqa: ASYNC110 (not our child: no exit to wait on)
-                await asyncio.sleep(0.05)
-            code = -signal.SIGKILL
-        self.returncode = code
+        try:
+            if code is None:  # the template went first: the worker dies with it, by SIGKILL
+                while not self._gone():  # noqa: ASYNC110 (not our child: no exit to wait on)
+                    await asyncio.sleep(0.05)
+                code = -signal.SIGKILL
+            self.returncode = code
+        finally:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
 
 
 def _alive(pid: int) -> bool:
