@@ -20,21 +20,23 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int | None) -> None:
-    """Exit when the coordinator goes: PR_SET_PDEATHSIG on Linux, and a 2 s watch on
-    ``parent_pid`` (gone, a zombie, or its pid reused by another process)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            log.warning("prctl(PR_SET_PDEATHSIG) unavailable; relying on --parent-pid")
-    if not parent_pid:
-        return
+def set_pdeathsig() -> bool:
+    """SIGKILL this process when the thread that started it ends (Linux); whether it took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def parent_check(parent_pid: int) -> Callable[[], bool] | None:
+    """A check that ``parent_pid`` is still the process it is now (not gone, a zombie, or its
+    number reused); None when it is gone already."""
     try:
         created = psutil.Process(parent_pid).create_time()
     except psutil.Error:
-        log.error("parent %s is already gone; exiting", parent_pid)
-        os._exit(0)
+        return None
 
     def parent_alive() -> bool:
         try:
@@ -44,6 +46,21 @@ def die_with_parent(parent_pid: int | None) -> None:
             return False
         except psutil.Error:
             return True  # cannot tell (permissions): keep serving
+
+    return parent_alive
+
+
+def die_with_parent(parent_pid: int | None) -> None:
+    """Exit when the coordinator goes: PR_SET_PDEATHSIG on Linux, and a 2 s watch on
+    ``parent_pid`` (gone, a zombie, or its pid reused by another process)."""
+    if not set_pdeathsig() and sys.platform.startswith("linux"):
+        log.warning("prctl(PR_SET_PDEATHSIG) unavailable; relying on --parent-pid")
+    if not parent_pid:
+        return
+    parent_alive = parent_check(parent_pid)
+    if parent_alive is None:
+        log.error("parent %s is already gone; exiting", parent_pid)
+        os._exit(0)
 
     def watch() -> None:
         while parent_alive():

@@ -22,7 +22,6 @@ API (``CUDA_VISIBLE_DEVICES`` is a worker's own) and exits with the coordinator.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import json
 import os
@@ -32,6 +31,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from .process import parent_check, set_pdeathsig
 
 try:  # imported here, before any fork: it finds the command line's memory at import
     import setproctitle as _setproctitle
@@ -45,7 +46,6 @@ PREIMPORTS = {
 }
 MAX_REQUEST_BYTES = 1 << 20
 PARENT_CHECK_S = 2.0
-_PR_SET_PDEATHSIG = 1
 
 
 def preimport(module: str) -> None:
@@ -71,36 +71,6 @@ def fork_hazard() -> str | None:
     if others:
         return f"the imports started threads: {', '.join(others)}"
     return None
-
-
-def _pdeathsig() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
-
-
-def _parent_alive(pid: int | None, created: float | None) -> bool:
-    if not pid:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return False
-    # field 3 is the state (Z: a zombie), field 22 the start time in clock ticks
-    return fields[0] != b"Z" and (created is None or float(fields[19]) == created)
-
-
-def _start_ticks(pid: int | None) -> float | None:
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return float(handle.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _retitle(argv: list[str]) -> None:
@@ -142,7 +112,7 @@ def _become_worker(module: str, request: dict[str, Any], output: int,
             except OSError:
                 pass
         os.setsid()
-        _pdeathsig()  # dies with the template, which dies with the coordinator
+        set_pdeathsig()  # dies with the template, which dies with the coordinator
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -179,7 +149,7 @@ class Template:
         self.module = module
         self.path = path
         self.parent_pid = parent_pid
-        self.parent_ticks = _start_ticks(parent_pid)
+        self.parent_alive = parent_check(parent_pid) if parent_pid else (lambda: True)
         self.children: dict[int, socket.socket] = {}
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -212,7 +182,7 @@ class Template:
             self._reap()
             if time.monotonic() - last_check >= PARENT_CHECK_S:
                 last_check = time.monotonic()
-                if not _parent_alive(self.parent_pid, self.parent_ticks):
+                if self.parent_alive is None or not self.parent_alive():
                     print(f"template: parent {self.parent_pid} is gone; exiting", flush=True)
                     return
 
@@ -267,8 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--parent-pid", type=int)
     args = parser.parse_args(argv)
-    _pdeathsig()
-    if not _parent_alive(args.parent_pid, None):
+    set_pdeathsig()
+    if args.parent_pid and parent_check(args.parent_pid) is None:
         sys.exit(0)
     started = time.perf_counter()
     preimport(args.module)
