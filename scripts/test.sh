@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install what is needed and run the whole test suite (pytest arguments pass through,
 # e.g. scripts/test.sh -m "not slow" for the fast part only, or -n 0 for one process).
-# Test files run in parallel on MODEL_BOSS_TEST_WORKERS processes (default 2; pytest-xdist,
-# one file per process at a time so module-scoped coordinators stay whole; the longest
-# files first: tests/conftest.py LONGEST_FIRST).
+# Test files run in parallel (pytest-xdist, one file per process at a time so module-scoped
+# coordinators stay whole, the longest first) on MODEL_BOSS_TEST_WORKERS processes (default 2)
+# plus one more that runs only the unit and integration files, which mostly wait on timers:
+# tests/xdist_order.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes (coordinators, workers, clients). With
@@ -17,5 +18,5 @@ if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
        "will be SKIPPED. Install it with: apt-get install chromium" >&2
 fi
-exec .venv/bin/python -m pytest -n "${MODEL_BOSS_TEST_WORKERS:-2}" --dist loadfile \
-  --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "$(( ${MODEL_BOSS_TEST_WORKERS:-2} + 1 ))" --dist loadfile \
+  --no-loadscope-reorder --quiet-process "$@"

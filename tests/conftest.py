@@ -16,6 +16,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.xdist_order import QuietPiece, file_rank
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = Path(os.environ.get("MODEL_BOSS_MODELS_DIR",
                                  "~/.cache/model-boss/models")).expanduser()
@@ -315,24 +317,10 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-# The files that take longest start first, so that neither test process is left with a long
-# file at the end while the other idles (xdist's own order, by test count, put the 40-second
-# fuzz test, one test, last). The two diffusion files each load torch in several workers: run
-# side by side they took 130 s of the two processes' time, apart 85 s, so they are spread
-# (seconds from --durations=0 on two cores; scripts/test.sh turns xdist's order off).
-LONGEST_FIRST = ("e2e/test_transformers_worker.py", "unit/test_fuzz_api.py",
-                 "e2e/test_diffusion.py", "e2e/test_diffusers_worker.py",
-                 "e2e/test_spare_worker.py", "e2e/test_stress.py", "e2e/test_cluster_e2e.py",
-                 "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
-                 "e2e/test_dashboard_traffic.py",
-                 "e2e/test_openai_fidelity.py", "e2e/test_ollama_api.py",
-                 "e2e/test_scheduling_e2e.py", "e2e/test_command_backend.py",
-                 "e2e/test_llama_workers.py", "e2e/test_live_catalog.py")
-
-
-def _file_rank(item) -> int:
-    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+def pytest_addoption(parser):
+    parser.addoption("--quiet-process", action="store_true",
+                     help="one test process runs the unit and integration files, and only "
+                          "them (tests/xdist_order.py)")
 
 
 def pytest_configure(config):
@@ -342,12 +330,14 @@ def pytest_configure(config):
     Workers inherit it. A hook, not an import-time setting: benchmarks import this module and
     keep torch's own thread count."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(QuietPiece(), "model-boss-quiet-piece")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest files first (see LONGEST_FIRST). Tests marked ``gpu`` need CUDA; without it
+    """Longest files first (tests/xdist_order.py). Tests marked ``gpu`` need CUDA; without it
     they are skipped, and say why."""
-    items.sort(key=_file_rank)  # stable: within a file, and among the rest, the order stays
+    items.sort(key=file_rank)  # stable: within a file, and among the rest, the order stays
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
