@@ -17,11 +17,12 @@ import pytest
 
 from tests.conftest import ServerProcess, llama_manifest, wait_for
 from tests.e2e.test_cloud_backend import KEY, cloud, start_upstream
+from tests.lazy_modules import lazy
 
 if importlib.util.find_spec("anthropic") is None:
     pytest.skip("needs the 'clients' extra: pip install -e '.[clients]'",
                 allow_module_level=True)
-import anthropic
+anthropic = lazy("anthropic")
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import orjson
 import pytest
 
 from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,12 @@ import time
 import wave
 
 import httpx
-import openai
 import pytest
 
 from tests.conftest import pid_alive, wait_for
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from PIL import Image
 
 from tests.conftest import free_port, wait_for
 from tests.diffusion_fixtures import build_tiny_sd_pipeline
+from tests.lazy_modules import lazy
+
+Image = lazy("PIL.Image")
 
 pytestmark = pytest.mark.slow
 

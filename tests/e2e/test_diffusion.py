@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
-from PIL import Image
 
 from tests.conftest import ServerProcess, free_port, llama_manifest, wait_for, worker_secret
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
+Image = lazy("PIL.Image")
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,12 @@ import threading
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from tests.conftest import ServerProcess, wait_for
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,12 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
 from tests.conftest import ServerProcess, llama_manifest, pid_alive, wait_for
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,12 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
 from tests.conftest import ServerProcess, llama_manifest, wait_for
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,14 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
-import ollama
 import pytest
 import yaml
 
 from model_boss.cli import main as cli_main
 from tests.conftest import ROOT, ServerProcess, llama_manifest, wait_for
+from tests.lazy_modules import lazy
+
+ollama = lazy("ollama")
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,12 @@ import os
 import signal
 
 import httpx
-import openai
 import pytest
 
-from model_boss.catalog import ModelManifest
 from tests.conftest import ServerProcess, llama_manifest
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 
@@ -64,13 +65,6 @@ WEATHER = {"type": "function", "function": {
 # the tiny model seldom calls a tool by itself: a bias towards the call marker makes it
 # (llama.cpp takes text keys in logit_bias); the grammar then writes the call
 CALL_BIAS = {"<tool_call>": 30}
-# SmolLM2's GGUF names no pooling type, and llama.cpp's /v1/embeddings needs one (mean):
-# the manifest must be able to say it
-POOLING = "pooling" in ModelManifest.model_fields
-needs_pooling = pytest.mark.xfail(
-    not POOLING, raises=openai.BadRequestError, strict=True,
-    reason="the manifest (and the native worker's flags) have no pooling type yet; llama.cpp "
-           "refuses /v1/embeddings with 'Pooling type none is not OAI compatible' (400)")
 HI = [{"role": "user", "content": "Say hello."}]
 SMALL = 8
 
@@ -84,7 +78,7 @@ def server(tmp_path_factory, demo_gguf):
         llama_manifest("smol", demo_gguf, aliases=["demo"]),
         llama_manifest("smol-tools", demo_gguf, chat_template=str(workdir / "tools.jinja")),
         llama_manifest("smol-embed", demo_gguf, embeddings=True, category="embedding",
-                       **({"pooling": "mean"} if POOLING else {})),
+                       pooling="mean"),
         llama_manifest("smol-crashy", demo_gguf),  # the cooldown test kills its workers
     ]
     srv = ServerProcess(workdir, {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}],
@@ -347,7 +341,6 @@ def test_embeddings_of_a_chat_only_model_are_a_clean_400(client):
     assert_clean(refused.value.body["message"])
 
 
-@needs_pooling
 def test_embeddings_on_an_embedding_manifest(client, server):
     result = client.embeddings.create(model="smol-embed", input=["a cat", "a dog"])
     assert [e.index for e in result.data] == [0, 1]
@@ -356,7 +349,6 @@ def test_embeddings_on_an_embedding_manifest(client, server):
     assert bare.embeddings.create(model="smol-embed", input="x").data[0].embedding
 
 
-@needs_pooling
 async def test_embeddings_async(aclient):
     result = await aclient.embeddings.create(model="smol-embed", input="a bird")
     assert len(result.data) == 1 and result.data[0].embedding

@@ -8,12 +8,14 @@ import json
 import os
 
 import httpx
-import ollama
 import pytest
 
 from model_boss.cli import main as cli_main
 from tests.conftest import ServerProcess, wait_for
 from tests.hub_standin import HubStandin
+from tests.lazy_modules import lazy
+
+ollama = lazy("ollama")
 
 pytestmark = pytest.mark.slow
 

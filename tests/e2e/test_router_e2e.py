@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from tests.conftest import ServerProcess, llama_manifest
+from tests.lazy_modules import lazy
+
+openai = lazy("openai")
 
 pytestmark = pytest.mark.slow
 

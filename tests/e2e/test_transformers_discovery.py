@@ -7,11 +7,10 @@ from __future__ import annotations
 import importlib.util
 
 import httpx
-import ollama
-import openai
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.lazy_modules import lazy
 from tests.transformers_fixtures import (
     build_embedder,
     build_recogniser,
@@ -20,6 +19,9 @@ from tests.transformers_fixtures import (
     shared,
     speech_clip,
 )
+
+ollama = lazy("ollama")
+openai = lazy("openai")
 
 # looked for, not imported: both test processes collect every file, and importing
 # sentence-transformers (torch, transformers, scikit-learn) costs each of them seconds

@@ -19,10 +19,7 @@ import time
 import warnings
 import wave
 
-import av
 import httpx
-import ollama
-import openai
 import psutil
 import pytest
 
@@ -33,6 +30,7 @@ from tests.conftest import (
     worker_health,
     worker_secret,
 )
+from tests.lazy_modules import lazy
 from tests.transformers_fixtures import (
     CLIP_FORMATS,
     build_embedder,
@@ -43,6 +41,10 @@ from tests.transformers_fixtures import (
     shared,
     speech_clip,
 )
+
+av = lazy("av")
+ollama = lazy("ollama")
+openai = lazy("openai")
 
 # looked for, not imported: both test processes collect every file, and importing
 # sentence-transformers (torch, transformers, scikit-learn) costs each of them seconds

@@ -9,16 +9,18 @@ import asyncio
 from typing import Any
 
 import httpx
-import numpy as np
 import orjson
 import pytest
 
 from model_boss.backends.base import UpstreamResponse
 from model_boss.backends.gathering import GATHERED, Gathering
 from model_boss.errors import WorkerCrashed
+from tests.lazy_modules import lazy
 from workers.transformers.app import create_app
 from workers.transformers.engine import Engine
 from workers.transformers.options import WorkerOptions
+
+np = lazy("numpy")
 
 
 class _Exchanges:

@@ -10,16 +10,18 @@ import threading
 from typing import Any
 
 import httpx
-import numpy as np
 import orjson
 import pytest
 
+from tests.lazy_modules import lazy
 from workers.transformers.app import create_app
 from workers.transformers.batcher import Batcher
 from workers.transformers.cancel import Cancelled, Tickets
 from workers.transformers.engine import Engine
 from workers.transformers.errors import WorkerError
 from workers.transformers.options import WorkerOptions
+
+np = lazy("numpy")
 
 
 def test_a_cancel_reaches_an_open_ticket_and_is_counted_once_closed():
