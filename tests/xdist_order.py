@@ -4,7 +4,8 @@
 file at a time, in collection order (``--no-loadscope-reorder``). Three things keep both cores
 busy to the end:
 
-- **Longest first** (``LONGEST_FIRST``): neither process is left with a long file at the end
+- **Longest first** (``LONGEST_FIRST``, the end-to-end files by their wall clock in a run
+  on two cores, the shortest last): neither process is left with a long file at the end
   while the other idles (xdist's own order, by test count, put the 40-second fuzz test, one
   test, last). The two diffusion files each load torch in several workers: side by side they
   took 130 s of the two processes' time, apart 85 s, so they are spread.
@@ -25,10 +26,15 @@ LONGEST_FIRST = ("e2e/test_transformers_worker.py", "unit/test_fuzz_api.py", "qu
                  "e2e/test_diffusion.py", "e2e/test_diffusers_worker.py",
                  "e2e/test_spare_worker.py", "e2e/test_stress.py", "e2e/test_cluster_e2e.py",
                  "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
-                 "e2e/test_dashboard_traffic.py",
-                 "e2e/test_openai_fidelity.py", "e2e/test_ollama_api.py",
-                 "e2e/test_scheduling_e2e.py",
-                 "e2e/test_llama_workers.py", "e2e/test_live_catalog.py")
+                 "e2e/test_dashboard_traffic.py", "e2e/test_openai_fidelity.py",
+                 "e2e/test_ollama_api.py", "e2e/test_scheduling_e2e.py",
+                 "e2e/test_prompt_cache.py", "e2e/test_transformers_discovery.py",
+                 "e2e/test_llama_parity.py", "e2e/test_worker_kills.py",
+                 "e2e/test_llama_workers.py", "e2e/test_live_catalog.py",
+                 "e2e/test_llama_chat.py", "e2e/test_pull.py", "e2e/test_clients.py",
+                 "e2e/test_router_e2e.py", "e2e/test_soak.py", "e2e/test_placement.py",
+                 "e2e/test_orphans.py", "e2e/test_shutdown.py", "e2e/test_anthropic_api.py",
+                 "e2e/test_load_progress_e2e.py", "e2e/test_config_errors.py")
 QUIET = ("unit/", "integration/", "e2e/test_redis_e2e.py", "e2e/test_redis_restart_e2e.py",
          "e2e/test_cloud_backend.py", "e2e/test_command_backend.py")
 NOT_QUIET = ("unit/test_fuzz_api.py",)  # 30 s of one core: a piece of its own

@@ -124,6 +124,24 @@ def problems(response, path: str = "") -> list[str]:
     return []
 
 
+CONSTRAINTS = {"pattern", "minLength", "maxLength", "enum", "const", "format"}
+
+
+def breakable(operation) -> bool:
+    """Whether a request can break the operation's schema (the negative mode has something to
+    send): a body, a query, a header or a cookie can be malformed; a path parameter that is
+    any string cannot (every path segment is one), and for such an operation hypothesis spent
+    half a second of generating to find nothing."""
+    if any(len(part) for part in (operation.body, operation.query, operation.headers,
+                                  operation.cookies)):
+        return True
+    for parameter in operation.path_parameters:
+        schema = parameter.definition.get("schema", {})
+        if schema.get("type") != "string" or CONSTRAINTS & set(schema):
+            return True
+    return False
+
+
 def test_no_input_gives_a_5xx_and_every_error_is_the_envelope(schema):
     statuses: Counter[int] = Counter()
     found: list[str] = []
@@ -132,7 +150,9 @@ def test_no_input_gives_a_5xx_and_every_error_is_the_envelope(schema):
     for operation in operations:
         if operation.path in NEVER:
             continue
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        modes = [GenerationMode.POSITIVE, *([GenerationMode.NEGATIVE] if breakable(operation)
+                                            else [])]
+        for mode in modes:
 
             @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                       suppress_health_check=list(HealthCheck), print_blob=True)
