@@ -3,8 +3,8 @@
 # e.g. scripts/test.sh -m "not slow" for the fast part only, or -n 0 for one process).
 # Test files run in parallel (pytest-xdist, one file per process at a time so module-scoped
 # coordinators stay whole, the longest first) on MODEL_BOSS_TEST_WORKERS processes (default 2)
-# plus one more that runs only the unit and integration files, which mostly wait on timers:
-# tests/xdist_order.py.
+# plus one more that runs only the files that mostly wait on timers (the unit and integration
+# files, a few end-to-end ones): tests/xdist_order.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The suite starts hundreds of Python processes (coordinators, workers, clients). With

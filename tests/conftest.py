@@ -319,8 +319,8 @@ def _cuda_available() -> bool:
 
 def pytest_addoption(parser):
     parser.addoption("--quiet-process", action="store_true",
-                     help="one test process runs the unit and integration files, and only "
-                          "them (tests/xdist_order.py)")
+                     help="one test process runs the files that mostly wait on timers, and "
+                          "only them (tests/xdist_order.py)")
 
 
 def pytest_configure(config):
