@@ -30,6 +30,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a listening TCP socket on ``port``."""
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.fixture(scope="session")
 def demo_gguf() -> Path:
     if not DEMO_GGUF.exists():
@@ -107,7 +116,10 @@ class ServerProcess:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
                 answer = httpx.get(self.url + "/health", timeout=1)
-                if answer.status_code == 200 and "ready" in answer.json():  # a coordinator's
+                # a coordinator's answer, and ours: another test's coordinator may have
+                # taken the port first, and answers /health as well as ours would
+                if (answer.status_code == 200 and "ready" in answer.json()
+                        and listens(self.proc.pid, self.port)):
                     return True
             except (httpx.HTTPError, ValueError):
                 pass

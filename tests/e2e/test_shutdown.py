@@ -43,7 +43,6 @@ def test_sigkill_of_coordinator_leaves_no_orphan(tmp_path, demo_gguf):
     wait_for(lambda: not pid_alive(pid), timeout=10)
     # ... and the next start clears what the last run left behind.
     again = ServerProcess(tmp_path, {}, [llama_manifest("smol", demo_gguf)])
-    again.port = server.port
     again.start()
     try:
         assert not pid_file.exists()
