@@ -10,11 +10,13 @@ failures come out as :class:`UpstreamTransportError`; nothing else in the code s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from .http_link import HttpLink
 from .reply import UpstreamReply, UpstreamTransportError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["UpstreamClient", "UpstreamReply", "UpstreamTransportError"]
 
@@ -25,8 +27,7 @@ class UpstreamClient:
                  peer: str = "the remote") -> None:
         self.base_url = base_url.rstrip("/")
         self._keepalive_s = keepalive_s
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s,
-                                              sock_read=timeout_s)
+        self._timeouts = (connect_timeout_s, timeout_s)
         self._limit = max_connections
         self._session: aiohttp.ClientSession | None = None
         # plain http (workers, llama.cpp's server, most local remotes): the lean client
@@ -36,17 +37,24 @@ class UpstreamClient:
                               keepalive_s=keepalive_s, peer=peer) if plain else None
 
     def _open(self) -> aiohttp.ClientSession:
+        import aiohttp  # here, for https only: it is a tenth of a coordinator's start-up CPU
+
         if self._session is None:
+            connect_timeout_s, timeout_s = self._timeouts
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit,
                                                keepalive_timeout=self._keepalive_s),
-                timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",))
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s,
+                                              sock_read=timeout_s),
+                auto_decompress=False, skip_auto_headers=("User-Agent",))
         return self._session
 
     async def post(self, path: str, body: bytes, headers: dict[str, str],
                    stream: bool) -> UpstreamReply:
         if self._link is not None:
             return await self._link.post(path, body, headers, stream)
+        import aiohttp
+
         try:
             try:
                 response = await self._open().post(self.base_url + path, data=body,
@@ -72,6 +80,8 @@ class UpstreamClient:
                              response.headers.get("retry-after"))
 
     async def _chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        import aiohttp
+
         try:
             async for chunk in response.content.iter_any():
                 yield chunk

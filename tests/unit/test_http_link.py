@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import ssl
+import sys
 
 import pytest
 
@@ -132,3 +136,76 @@ async def test_a_connection_closing_as_it_is_taken_is_not_used():
         assert (await link.post("/x", b"{}", {}, stream=False)).body == b"102"
         assert connections() == 2
         await link.close()
+
+
+HTTPS_CLIENT = """
+import asyncio, json, sys
+from model_boss.backends.upstream import UpstreamClient, UpstreamTransportError
+
+async def main(url, closed_url):
+    client = UpstreamClient(url, timeout_s=5)
+    whole = await client.post("/v1/x", b'{"a": 1}', {"content-type": "application/json"},
+                              stream=False)
+    streamed = await client.post("/v1/y", b"{}", {}, stream=True)
+    chunks = [chunk async for chunk in streamed.chunks]
+    await client.close()
+    try:
+        await UpstreamClient(closed_url, timeout_s=5).post("/", b"", {}, stream=False)
+        failed = None
+    except UpstreamTransportError as exc:
+        failed = str(exc)
+    print(json.dumps({"status": whole.status, "body": whole.body.decode(),
+                      "retry_after": whole.retry_after, "stream_status": streamed.status,
+                      "chunks": b"".join(chunks).decode(), "failed": failed}))
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_https_goes_through_aiohttp_and_trusts_what_ssl_cert_file_names(tmp_path):
+    """A remote over https (a cloud API, a member behind TLS): aiohttp, imported only then,
+    so ``SSL_CERT_FILE`` set for the process decides which authorities it trusts. The client
+    runs in a process of its own, where that variable is set before anything reads it."""
+    trustme = pytest.importorskip("trustme")
+    authority = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(server_tls)
+    authority.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    seen: list[bytes] = []
+
+    async def handle(reader, writer):
+        request = await reader.readuntil(b"\r\n\r\n")
+        length = int(next((line.split(b":")[1] for line in request.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), b"0"))
+        seen.append(request.split(b" ")[1] + b" " + await reader.readexactly(length))
+        if request.startswith(b"POST /v1/x"):
+            writer.write(b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 7\r\n"
+                         b"content-type: application/json\r\ncontent-length: 9\r\n\r\n"
+                         b'{"b": 22}')
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n"
+                         b"6\r\ndata: \r\n3\r\n1\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_tls)
+    closed = await asyncio.start_server(handle, "127.0.0.1", 0)
+    closed_port = closed.sockets[0].getsockname()[1]
+    closed.close()
+    await closed.wait_closed()
+    port = server.sockets[0].getsockname()[1]
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HTTPS_CLIENT, f"https://127.0.0.1:{port}",
+        f"https://127.0.0.1:{closed_port}", stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "SSL_CERT_FILE": str(tmp_path / "ca.pem")})
+    out, _ = await asyncio.wait_for(client.communicate(), 60)
+    server.close()
+    await server.wait_closed()
+    assert client.returncode == 0
+    answer = json.loads(out)
+    assert answer["status"] == 429 and answer["body"] == '{"b": 22}'
+    assert answer["retry_after"] == "7"
+    assert answer["stream_status"] == 200 and answer["chunks"] == "data: 1\n\n"
+    assert answer["failed"].startswith("ClientConnectorError")
+    assert seen == [b'/v1/x {"a": 1}', b"/v1/y {}"]
