@@ -16,6 +16,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.shared_tls import share_default_context
 from tests.xdist_order import QuietPiece, file_rank
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -342,6 +343,7 @@ def pytest_configure(config):
     Workers inherit it. A hook, not an import-time setting: benchmarks import this module and
     keep torch's own thread count."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    share_default_context()  # tests/shared_tls.py: a minute of the suite's CPU
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(QuietPiece(), "model-boss-quiet-piece")
 

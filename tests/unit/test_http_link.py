@@ -209,3 +209,14 @@ async def test_https_goes_through_aiohttp_and_trusts_what_ssl_cert_file_names(tm
     assert answer["stream_status"] == 200 and answer["chunks"] == "data: 1\n\n"
     assert answer["failed"].startswith("ClientConnectorError")
     assert seen == [b'/v1/x {"a": 1}', b"/v1/y {}"]
+
+
+def test_the_suite_builds_one_tls_context_per_process():
+    """tests/shared_tls.py is in force (the conftest's hook): clients share the default
+    context, and one with verification off still gets its own."""
+    import httpx
+
+    contexts = [client._transport._pool._ssl_context
+                for client in (httpx.Client(), httpx.Client(), httpx.Client(verify=False))]
+    assert contexts[0] is contexts[1]
+    assert contexts[2] is not contexts[0] and contexts[2].verify_mode == ssl.CERT_NONE
