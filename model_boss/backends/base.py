@@ -18,6 +18,7 @@ from ..catalog import CatalogEntry
 from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
+from .http_link import plain_http_tls
 from .processes import WorkerProcess, WorkerTemplates, exit_words
 from .upstream import UpstreamClient, UpstreamTransportError
 from .worker_errors import upstream_error
@@ -176,7 +177,7 @@ class HttpWorkerBackend:
         self.process.on_exit = self._exited
         self.process.on_line = self._saw_line if self.log_stages else None
         self._client = httpx.AsyncClient(  # control calls: health, offload, reports
-            base_url=f"http://127.0.0.1:{port}", headers=self._auth(),
+            base_url=f"http://127.0.0.1:{port}", headers=self._auth(), verify=plain_http_tls(),
             timeout=httpx.Timeout(self.settings.request_timeout_s, connect=5.0))
         # the request data path; idle connections are dropped before llama.cpp's server
         # closes them (its keep-alive timeout is 5 s), so none is reused as it closes

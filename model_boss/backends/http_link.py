@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import ssl
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -29,6 +31,15 @@ import httptools
 from .reply import UpstreamReply, UpstreamTransportError
 
 _HIGH_WATER = 256 * 1024  # stream bytes held unread before the socket is paused
+
+
+@functools.cache
+def plain_http_tls() -> ssl.SSLContext:
+    """The TLS context for an httpx client that speaks plain ``http`` to a worker on loopback
+    (health, offload, reports). Left to itself httpx builds one from certifi's bundle for every
+    client, 23 ms of CPU on the event loop at each worker start; this one is built once, loads
+    no authority and so trusts none: such a client could not speak https even by mistake."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 class _Connection(asyncio.Protocol):

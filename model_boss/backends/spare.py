@@ -31,6 +31,7 @@ import httpx
 import psutil
 
 from ..errors import LoadFailed
+from .http_link import plain_http_tls
 from .processes import WorkerProcess, WorkerTemplates, free_port
 from .worker_errors import upstream_error
 
@@ -163,7 +164,8 @@ class SpareWorkers:
         """Until the spare answers ``/health`` as a spare (it opens its port after imports)."""
         deadline = time.monotonic() + self.settings.health_timeout_s
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{spare.port}",
-                                     headers={"Authorization": f"Bearer {spare.secret}"}) as c:
+                                     headers={"Authorization": f"Bearer {spare.secret}"},
+                                     verify=plain_http_tls()) as c:
             while time.monotonic() < deadline:
                 if not spare.process.running:
                     raise RuntimeError(f"exited with {spare.process.returncode}: "

@@ -220,3 +220,14 @@ def test_the_suite_builds_one_tls_context_per_process():
                 for client in (httpx.Client(), httpx.Client(), httpx.Client(verify=False))]
     assert contexts[0] is contexts[1]
     assert contexts[2] is not contexts[0] and contexts[2].verify_mode == ssl.CERT_NONE
+
+
+def test_worker_control_clients_share_a_tls_context_that_trusts_no_one():
+    """Built once (httpx would build one from certifi's bundle per client), and a client on it
+    could not reach an https server even by mistake."""
+    from model_boss.backends.http_link import plain_http_tls
+
+    context = plain_http_tls()
+    assert plain_http_tls() is context
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] == 0
