@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,7 +79,12 @@ class LoadProgress:
 
 def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> LoadedPipeline:
     """``from_pretrained`` (local files only), then place the weights per ``opts.offload``;
-    ``progress`` follows the components as they load."""
+    ``progress`` follows the components as they load. A folder with no ``model_index.json``
+    fails at once, before seconds of importing torch and diffusers to find the same."""
+    if os.path.isdir(opts.model) and not os.path.isfile(
+            os.path.join(opts.model, "model_index.json")):
+        raise OSError(f"no file named model_index.json in {opts.model}: not a diffusers "
+                      "pipeline folder (save_pretrained writes one)")
     import torch
     from diffusers import DiffusionPipeline
 
