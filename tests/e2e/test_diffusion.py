@@ -158,17 +158,20 @@ def test_without_ram_budget_the_offloaded_slot_is_stopped(make_server, tiny_sd, 
     assert any(e["type"] == "evicted" and e["tier"] == "disk" for e in events)
 
 
-def test_worker_exits_when_its_parent_pid_goes(tiny_sd):
+def test_worker_exits_when_its_parent_pid_goes(tmp_path):
     """The ``--parent-pid`` watch (the worker's own parent lives on, so PR_SET_PDEATHSIG does
-    not fire; tests/e2e/test_diffusers_worker.py covers that and SIGTERM mid-generation)."""
-    port = free_port()
+    not fire; tests/e2e/test_diffusers_worker.py covers that and SIGTERM mid-generation). Its
+    model is a folder that is not a pipeline: the load fails at once and the worker stays up,
+    saying so, until its parent goes."""
+    port, model = free_port(), tmp_path / "not-a-pipeline"
+    model.mkdir()
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     worker = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
-                               str(tiny_sd), "--port", str(port), "--parent-pid",
+                               str(model), "--port", str(port), "--parent-pid",
                                str(parent.pid)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _healthy(port), timeout=60)
+        wait_for(lambda: _state(port) == "failed", timeout=60)
         parent.kill()
         parent.wait()
         assert worker.wait(timeout=10) == 0  # noticed the parent is gone
@@ -198,8 +201,8 @@ def test_the_worker_answers_only_the_coordinator(server):
                      headers={"Authorization": f"Bearer {secret}"}).status_code == 200
 
 
-def _healthy(port: int) -> bool:
+def _state(port: int) -> str | None:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["state"]
     except httpx.HTTPError:
-        return False
+        return None
