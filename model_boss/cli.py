@@ -39,6 +39,10 @@ def _serve(args: argparse.Namespace) -> int:
     quiet_collector()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.DEBUG:
+        # httpx logs each call it makes at INFO: a loading worker's health, asked every
+        # 20 ms, filled the log; those lines show at log_level debug
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     # uvicorn's own lines (an access line per request among them) follow log_level too
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=logging.getLogger().level,
                 timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
