@@ -216,3 +216,19 @@ async def test_a_leader_that_died_a_moment_ago_is_known_exited_before_the_watche
     finally:
         await worker.stop(grace_s=1)
     assert worker.exited() is True and worker._pidfd is None  # its descriptor closed
+
+
+async def test_wait_exit_returns_with_the_output_read_to_the_last_line(tmp_path):
+    """A caller that reads the tail once ``wait_exit`` returns (a crash report, a template
+    that fell back to the plain start) sees the last lines. Here they come 0.3 s after the
+    leader ended, from a child of another session that holds the pipe."""
+    late = "import time; time.sleep(0.3); print('the last line', flush=True)"
+    script = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {late!r}], "
+              "start_new_session=True); print('the leader ends', flush=True)")
+    worker = WorkerProcess("late", [sys.executable, "-c", script], pid_dir=tmp_path)
+    await worker.start()
+    try:
+        assert await worker.wait_exit(10) == 0
+        assert worker.tail() == ["the leader ends", "the last line"]
+    finally:
+        await worker.stop(grace_s=1)

@@ -241,9 +241,7 @@ class WorkerProcess:
         if left:
             log.warning("worker %s: killed %d processes its leader left behind: %s",
                         self.name, len(left), left)
-        if self._reader:  # let the last lines arrive before anyone reads the tail
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
+        await self._drained()  # the last lines in before anyone reads the tail
         self._remove_pid_file()
         if not self._stopping:
             log.warning("worker %s (pid %s) exited unexpectedly with %s; last output: %s",
@@ -255,14 +253,24 @@ class WorkerProcess:
                     log.exception("exit handler for %s failed", self.name)
 
     async def wait_exit(self, timeout_s: float) -> int | None:
-        """The leader's exit status if it ends within ``timeout_s``, else None."""
+        """The leader's exit status if it ends within ``timeout_s``, else None; when it
+        ended, its output is read to the last line (see :meth:`tail`) before this returns."""
         if self._proc is None:
             return None
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._leader_exit()
+                code = await self._leader_exit()
         except TimeoutError:
             return None
+        await self._drained()
+        return code
+
+    async def _drained(self, timeout_s: float = 1.0) -> None:
+        """Until the output reader has read what the process wrote (its pipe closed), for
+        ``timeout_s`` at most: a child that outlives the leader can hold the pipe open."""
+        if self._reader:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
 
     async def _group_gone(self, timeout_s: float) -> bool:
         """Whether the leader and everything in its group exit within ``timeout_s``."""
