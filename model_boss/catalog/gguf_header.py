@@ -3,9 +3,13 @@ file (architecture, trained context, pooling, splits) and what the VRAM estimate
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import struct
+import sys
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -16,6 +20,26 @@ POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 # the vocabulary: tens of thousands of strings, written after the model's own keys
 VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
                    "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+
+
+@cache
+def gguf_tables() -> ModuleType:
+    """The ``gguf`` package's type tables (``gguf.constants``: quantisation block sizes, file
+    types), loaded alone: importing the package loads numpy and its writer too, a tenth of a
+    second of every coordinator's start for two tables."""
+    loaded = sys.modules.get("gguf.constants")
+    if loaded is not None:
+        return loaded
+    package = importlib.util.find_spec("gguf")
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("the gguf package is not installed")
+    source = Path(next(iter(package.submodule_search_locations))) / "constants.py"
+    spec = importlib.util.spec_from_file_location("model_boss._gguf_constants", source)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {source}")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables
 
 
 class HeaderReader:

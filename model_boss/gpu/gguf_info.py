@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..catalog.gguf_header import HeaderReader
+from ..catalog.gguf_header import HeaderReader, gguf_tables
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ class GGUFInfo:
 
 @lru_cache(maxsize=64)
 def _read(path: str, _mtime: float) -> GGUFInfo:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
+    tables = gguf_tables()
     with open(path, "rb", buffering=64 * 1024) as handle:
         header = HeaderReader(handle)
         tensors, kvs = header.begin()
@@ -73,7 +72,8 @@ def _read(path: str, _mtime: float) -> GGUFInfo:
         for _ in range(tensors):
             name = header.string()
             dims = [header.unpack("<Q") for _ in range(header.unpack("<I"))]
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(header.unpack("<I"))]
+            block, type_size = tables.GGML_QUANT_SIZES[
+                tables.GGMLQuantizationType(header.unpack("<I"))]
             header.unpack("<Q")  # offset
             count = 1
             for dim in dims:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,26 @@ def test_estimate_chain_rungs(tmp_path, demo_gguf):
     assert named.rung == "name" and 4000 < named.mb < 6000
     assert estimate_vram(ModelManifest(id="mystery"), None).rung == "default"
     assert from_name("no-size-here") is None
+
+
+def test_gguf_tables_are_the_packages_own_and_reading_a_header_loads_no_numpy(demo_gguf):
+    """The header reader takes the gguf package's tables from ``gguf/constants.py`` alone; a
+    coordinator that reads a header does not import the package (numpy, its writer)."""
+    import gguf.constants
+
+    from model_boss.catalog.gguf_header import gguf_tables
+
+    code = ("import sys; from model_boss.gpu.gguf_info import read_gguf_info; "
+            f"from model_boss.catalog.gguf_header import gguf_tables; info = read_gguf_info("
+            f"__import__('pathlib').Path({str(demo_gguf)!r})); "
+            "print(info.file_type, gguf_tables().LlamaFileType(info.file_type).name, "
+            "'numpy' in sys.modules, 'gguf' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["3", "MOSTLY_Q4_1", "False", "False"], out
+    # in a process that already imported the package, its own module is the one used
+    assert gguf_tables.__wrapped__() is gguf.constants
+    assert gguf_tables().GGML_QUANT_SIZES == gguf.constants.GGML_QUANT_SIZES
 
 
 def kv_mb(demo_gguf, **fields) -> float:

@@ -12,13 +12,15 @@ import time
 from collections.abc import AsyncIterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
 import orjson
 
 from ...errors import BadRequest
 from ..base import UpstreamResponse
+
+if TYPE_CHECKING:
+    import jinja2
 
 NO_THINK_MARKER = "/no_think"
 ALPACA_STOP = ["### Instruction:"]
@@ -59,6 +61,8 @@ def render_raw(messages: list[dict[str, Any]]) -> str:
 
 @lru_cache(maxsize=32)
 def _jinja(path: str, mtime: float) -> jinja2.Template:  # mtime: part of the cache key
+    import jinja2  # not at the top: only a model with a template file needs it
+
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     return env.from_string(Path(path).read_text())
@@ -79,6 +83,8 @@ def render_prompt(chat_template: str, messages: list[dict[str, Any]],
         path = base_dir / path
     if not path.is_file():
         raise BadRequest(f"chat template file not found: {path}", code="template_missing")
+    import jinja2
+
     try:
         return _jinja(str(path), path.stat().st_mtime).render(
             messages=messages, add_generation_prompt=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...catalog import BackendKind, CatalogEntry, Category
+from ...catalog.gguf_header import gguf_tables
 from ...gpu.gguf_info import GGUFInfo, read_gguf_info
 from .translate import created_at
 
@@ -40,10 +41,8 @@ def parameter_size(count: int) -> str:
 def quantization(info: GGUFInfo | None) -> str:
     if info is None or info.file_type is None:
         return ""
-    from gguf.constants import LlamaFileType
-
     try:
-        return LlamaFileType(info.file_type).name.removeprefix("MOSTLY_")
+        return gguf_tables().LlamaFileType(info.file_type).name.removeprefix("MOSTLY_")
     except ValueError:
         return str(info.file_type)
 
