@@ -1,5 +1,7 @@
+import gc
 import sys
 
-from .cli import main
+gc.disable()  # while the command's modules load: model_boss.cli.main turns it on again
+from .cli import main  # noqa: E402
 
 sys.exit(main())

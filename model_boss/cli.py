@@ -20,22 +20,29 @@ from .simulation import cli as simulate_cli
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .api.app import create_app
-    from .settings import load_settings
-
-    overrides = {}
-    if args.host:
-        overrides["host"] = args.host
-    if args.port:
-        overrides["port"] = args.port
+    # No cyclic collection while the modules, the settings and the app are built: those
+    # objects live as long as the daemon, and collecting as they came cost a fifth of the
+    # start (0.9 s of CPU against 0.75 s); quiet_collector freezes them after.
+    gc.disable()
     try:
-        settings = load_settings(args.config, **overrides)
-        app = create_app(settings)
-    except ConfigError as exc:
-        print(f"model-boss: configuration error: {exc.message}", file=sys.stderr)
-        return 2
+        import uvicorn
+
+        from .api.app import create_app
+        from .settings import load_settings
+
+        overrides = {}
+        if args.host:
+            overrides["host"] = args.host
+        if args.port:
+            overrides["port"] = args.port
+        try:
+            settings = load_settings(args.config, **overrides)
+            app = create_app(settings)
+        except ConfigError as exc:
+            print(f"model-boss: configuration error: {exc.message}", file=sys.stderr)
+            return 2
+    finally:
+        gc.enable()
     quiet_collector()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -116,6 +123,7 @@ def _ps(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    gc.enable()  # ``python -m model_boss`` imports this module with it off
     args = build_parser().parse_args(argv)
 
     if args.command == "serve":

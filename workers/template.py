@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from .process import parent_check, set_pdeathsig
+from .process import collector_paused, parent_check, set_pdeathsig
 
 try:  # imported here, before any fork: it finds the command line's memory at import
     import setproctitle as _setproctitle
@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.parent_pid and parent_check(args.parent_pid) is None:
         sys.exit(0)
     started = time.perf_counter()
-    preimport(args.module)
+    with collector_paused():  # and what it imported frozen: the workers share those pages
+        preimport(args.module)
     print(f"template imports of {args.module} took {time.perf_counter() - started:.2f}s",
           flush=True)
     unsafe = fork_hazard()

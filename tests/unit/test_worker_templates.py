@@ -9,11 +9,13 @@ given."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 
 import psutil
@@ -70,6 +72,8 @@ async def test_a_forked_worker_is_a_worker_like_any_other(templates):
     # descriptor its own listing of them takes
     assert said["fds"] == "0,1,2,3", said
     assert "'sleep'" in said["line"] and "main=__main__" in said["line"]
+    # the template's imports are frozen out of the collector's scans, which run in the worker
+    assert said["collector"] == "True" and int(said["frozen"]) > 10_000, said
     assert process.running and process.exited() is False
     # its pid file keeps what /proc/PID/environ (the template's) cannot show, for this user
     record = templates.settings.state_path / "workers" / f"{process.pid}.json"
@@ -147,6 +151,7 @@ async def test_templates_off_start_the_plain_way(tmp_path):
     await process.start()
     said = await first_line(process)
     assert said["ppid"] == str(os.getpid()) and off.status() == []
+    assert said["collector"] == "True" and said["frozen"] == "0", said
     assert await process.wait_exit(30) == 0
 
 
@@ -180,3 +185,39 @@ def test_socket_folders_of_gone_coordinators_are_cleared(tmp_path):
         (folder / "1.sock").write_text("")
     assert clear_left_folders(str(tmp_path)) == [str(left)]
     assert not left.exists() and live.exists() and other.exists()
+
+
+def test_the_collector_is_off_inside_a_paused_block_and_back_as_it_was_after():
+    """workers/process.py: a worker's imports and load run with the cyclic collector off; what
+    they made is frozen after, and the collector is on again only if it was on before."""
+    from workers.process import collector_paused
+
+    assert gc.isenabled()
+    before = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            made = [[n] for n in range(5_000)]  # containers the collector tracks
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(made)
+        gc.disable()
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_python_m_model_boss_runs_its_command_with_the_collector_on():
+    """``python -m model_boss`` turns the collector off before it imports the command's
+    modules; ``model_boss.cli.main`` turns it on before the command runs (``serve`` pauses it
+    again for its app, then freezes)."""
+    code = ("import gc, runpy, sys; import model_boss.cli as cli; seen = []; "
+            "real = cli.build_parser; "
+            "cli.build_parser = lambda: seen.append(gc.isenabled()) or real(); "
+            "sys.modules['model_boss.cli'] = cli; sys.argv = ['model_boss', 'simulate', '--help']\n"
+            "try: runpy.run_module('model_boss', run_name='__main__')\n"
+            "except SystemExit: print(seen, gc.isenabled())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[True] True", out.stdout + out.stderr

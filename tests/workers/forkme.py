@@ -4,6 +4,7 @@ asks (``exit N``, ``sleep``, ``ignore-term``)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -22,7 +23,8 @@ def main() -> None:
     print(f"argv={sys.argv[1:]} key={os.environ.get('WORKER_API_KEY')} "
           f"cgpus={c_getenv('CUDA_VISIBLE_DEVICES')} "
           f"gpus={os.environ.get('CUDA_VISIBLE_DEVICES')} sid={os.getsid(0)} pid={os.getpid()} "
-          f"ppid={os.getppid()} main={__name__} "
+          f"ppid={os.getppid()} main={__name__} collector={gc.isenabled()} "
+          f"frozen={gc.get_freeze_count()} "
           f"fds={','.join(sorted(os.listdir('/proc/self/fd'), key=int))}", flush=True)
     action = sys.argv[1] if len(sys.argv) > 1 else "exit"
     if action == "exit":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..process import die_with_parent, serve
+from ..process import collector_paused, die_with_parent, serve
 from .app import create_app
 from .generation import Generator
 from .loader import LoadedPipeline, load_pipeline, preimport
@@ -20,12 +20,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent(options.parent_pid)
     if options.spare:
-        preimport()  # before the port opens: a spare that answers has paid for its imports
+        with collector_paused():
+            preimport()  # before the port opens: a spare that answers has paid for its imports
     holder = PipelineHolder(options)
     generator = Generator(holder)
 
     def load(opts: WorkerOptions) -> LoadedPipeline:
-        return load_pipeline(opts, holder.load_progress)
+        with collector_paused():  # torch, diffusers and the pipeline's modules come in
+            return load_pipeline(opts, holder.load_progress)
 
     serve(lambda stop: create_app(holder, generator, load, stop, api_key=options.api_key),
           options.host, options.port, on_exit=generator.cancel)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..process import die_with_parent, serve
+from ..process import collector_paused, die_with_parent, serve
 from .app import create_app
 from .engine import Engine, preimport
 from .options import parse_args
@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent(options.parent_pid)
     if options.spare:
-        preimport()  # before the port opens: a spare that answers has paid for its imports
+        with collector_paused():
+            preimport()  # before the port opens: a spare that answers has paid for its imports
     engine = Engine(options)
     serve(lambda stop: create_app(engine, shutdown=stop, api_key=options.api_key),
           options.host, options.port, on_exit=lambda: None)

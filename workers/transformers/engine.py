@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+from ..process import collector_paused
 from .options import WorkerOptions
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,10 @@ class Engine:
             self.options, self.state = options, "loading"
 
     def load(self) -> None:
+        with collector_paused():  # torch, the libraries and the model's modules come in
+            self._load()
+
+    def _load(self) -> None:
         import torch
 
         started = time.perf_counter()
