@@ -7,10 +7,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-llama}"
 python=${PYTHON:-python3}
+# The venv comes without pip (ensurepip took 5 of this script's 26 s from empty caches):
+# torch and uv are installed through the system's pip (--python), pip itself by uv with
+# the rest. A system pip too old for --python (before 22.3) or missing: ensurepip after all.
 if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
+  "$python" -m venv --without-pip .venv
 fi
-pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+if .venv/bin/python -c "import pip" 2>/dev/null; then
+  pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+elif "$python" -c "import importlib.metadata as m, sys; sys.exit(tuple(map(int, m.version('pip').split('.')[:2])) < (22, 3))" 2>/dev/null; then
+  pip=("$python" -m pip --python .venv/bin/python install --quiet --disable-pip-version-check)
+else
+  .venv/bin/python -m ensurepip --upgrade --default-pip >/dev/null
+  pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+fi
 has() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)"; }
 # torch first, through pip: pip finds a local CPU build where the machine has one (find-links),
 # uv would take PyPI's CUDA build. The pin is the one in pyproject.toml's diffusion extra.
@@ -24,7 +34,7 @@ if [ ! -x .venv/bin/uv ]; then
   "${pip[@]}" uv || echo "setup: uv could not be installed; installing with pip" >&2
 fi
 # Prebuilt wheels only (llama.cpp comes as xllamacpp); the optional llama-cpp-python extra compiles.
-if [ -x .venv/bin/uv ] && .venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[${extras}]"; then
+if [ -x .venv/bin/uv ] && .venv/bin/uv pip install --quiet --python .venv/bin/python pip -e ".[${extras}]"; then
   :
 else
   "${pip[@]}" --upgrade pip wheel
