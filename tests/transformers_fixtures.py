@@ -225,12 +225,15 @@ def shared(tmp_path_factory, name: str, build) -> Path:
     """``build(path)`` once per run however many test processes ask (see shared_tiny_sd)."""
     from filelock import FileLock
 
+    from workers.process import collector_paused
+
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     path = root / f"shared-{name}"
     with FileLock(str(root / f"shared-{name}.lock")):
         if not path.exists():
             partial = root / f"shared-{name}.partial"
-            build(partial)
+            with collector_paused():  # torch and transformers come in: a quarter less CPU
+                build(partial)
             partial.rename(path)
     return path
