@@ -24,6 +24,7 @@ from .middleware import (
     take_direct_routes,
     with_cors,
 )
+from .openapi_doc import document_bounds
 
 
 def create_app(settings: Settings | None = None, *,
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None, *,
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
+    document_bounds(app)
     # the last added runs first: pacing (arrivals take turns with running work) → CORS →
     # Ollama's and Anthropic's envelopes → errors → keys and metrics → the queue's early
     # refusals → body limits → early forwards (cluster members) → routes

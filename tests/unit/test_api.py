@@ -286,6 +286,34 @@ async def test_openapi_documents_every_body(api):
     assert {"messages", "model", "n", "x_client_id", "x_priority"} <= set(chat["properties"])
 
 
+async def test_openapi_writes_bounds_as_json_schemas_own_keywords(api):
+    """A bound on a request number (``x_priority`` 0-100, ``max_tokens`` at least 1) is
+    ``minimum`` / ``maximum`` in the document, never the Python name pydantic leaves on a
+    validated type (``ge``, ``le``), which clients and fuzzers do not read as a bound."""
+    client, _ = api
+    spec = (await client.get("/openapi.json", headers=USER)).json()
+    left: list[str] = []
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") in ("integer", "number"):
+                left.extend(f"{where}.{raw}" for raw in ("ge", "le", "gt", "lt") if raw in node)
+            for key, child in node.items():
+                walk(child, f"{where}.{key}")
+        elif isinstance(node, list):
+            for child in node:
+                walk(child, where)
+
+    walk(spec, "")
+    assert not left, left[:10]
+    schemas = spec["components"]["schemas"]
+    priority = schemas["ChatRequest"]["properties"]["x_priority"]["anyOf"][0]
+    assert (priority["minimum"], priority["maximum"]) == (0, 100), priority
+    # a field with a bound of its own and the 64-bit range of its type: the tighter of each
+    assert schemas["MessagesRequest"]["properties"]["max_tokens"]["minimum"] == 1
+    assert schemas["MessagesRequest"]["properties"]["max_tokens"]["maximum"] == 2**63 - 1
+
+
 async def test_openapi_documents_each_api_in_its_own_error_envelope(api):
     """Ollama's routes answer {"error": "..."}, Anthropic's its own, the rest OpenAI's; a
     malformed body is a 400 there, never the 422 FastAPI would document."""
