@@ -23,20 +23,24 @@ PR_SET_PDEATHSIG = 1
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the block imports and loads (torch,
+def collector_paused(freeze: bool = False) -> Iterator[None]:
+    """Python's cyclic garbage collector off while the block imports or loads (torch,
     diffusers, transformers, a model's modules: hundreds of thousands of objects that live as
-    long as the worker), then those objects frozen out of its later scans and the collector
-    on again as it was. Collecting as they came made the diffusers worker's imports a third
-    dearer (6.7 s of CPU against 5.0 s here); frozen, a worker forked from a template never
-    writes to the template's pages when it collects (Python's own advice for a fork server).
-    What the block left unreachable stays, a few megabytes at most, once per process."""
+    long as the worker), then on again as it was. Collecting as they came made the diffusers
+    worker's imports a third dearer (6.7 s of CPU against 5.0 s here).
+
+    ``freeze``, for a block that only imports: what it made is frozen out of the collector's
+    later scans, so a worker forked from a template never writes to the template's pages when
+    it collects (Python's own advice for a fork server). Not after a load: a reference cycle
+    the load left could hold weights, and frozen it would never be freed; it goes at the next
+    collection instead."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         if enabled:
             gc.enable()
 

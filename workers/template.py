@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.parent_pid and parent_check(args.parent_pid) is None:
         sys.exit(0)
     started = time.perf_counter()
-    with collector_paused():  # and what it imported frozen: the workers share those pages
+    with collector_paused(freeze=True):  # the workers it forks share these pages
         preimport(args.module)
     print(f"template imports of {args.module} took {time.perf_counter() - started:.2f}s",
           flush=True)

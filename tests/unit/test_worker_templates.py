@@ -188,8 +188,9 @@ def test_socket_folders_of_gone_coordinators_are_cleared(tmp_path):
 
 
 def test_the_collector_is_off_inside_a_paused_block_and_back_as_it_was_after():
-    """workers/process.py: a worker's imports and load run with the cyclic collector off; what
-    they made is frozen after, and the collector is on again only if it was on before."""
+    """workers/process.py: a worker's imports and load run with the cyclic collector off; it is
+    on again after only if it was on before, and what the block made is frozen only when
+    asked (imports: a load's leftovers must stay collectable)."""
     from workers.process import collector_paused
 
     assert gc.isenabled()
@@ -198,6 +199,9 @@ def test_the_collector_is_off_inside_a_paused_block_and_back_as_it_was_after():
         with collector_paused():
             assert not gc.isenabled()
             made = [[n] for n in range(5_000)]  # containers the collector tracks
+        assert gc.isenabled() and gc.get_freeze_count() == before
+        with collector_paused(freeze=True):
+            made = [[n] for n in range(5_000)]
         assert gc.isenabled() and gc.get_freeze_count() >= before + len(made)
         gc.disable()
         with collector_paused():

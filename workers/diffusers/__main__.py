@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     die_with_parent(options.parent_pid)
     if options.spare:
-        with collector_paused():
+        with collector_paused(freeze=True):
             preimport()  # before the port opens: a spare that answers has paid for its imports
     holder = PipelineHolder(options)
     generator = Generator(holder)
