@@ -22,7 +22,7 @@ from .simulation import cli as simulate_cli
 def _serve(args: argparse.Namespace) -> int:
     # No cyclic collection while the modules, the settings and the app are built: those
     # objects live as long as the daemon, and collecting as they came cost a fifth of the
-    # start (0.9 s of CPU against 0.75 s); quiet_collector freezes them after.
+    # start (1.20 s of CPU against 0.93 s, docs/BENCHMARKS.md); quiet_collector freezes them.
     gc.disable()
     try:
         import uvicorn
