@@ -39,6 +39,7 @@ VALID = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}
 GPU_MB = 1 << 40
 MAX_ASK_MB = GPU_MB >> 12  # thousands of granted leases before the GPU is full
 ENVELOPE = {"message", "type", "param", "code"}
+BUDGET_S = (0.001, 60.0)  # the least x_budget_s the API takes; the least a request is given
 
 
 @pytest.fixture
@@ -61,9 +62,11 @@ def schema(tmp_path):
 
 def steer(loaded) -> None:
     """Most generated model names are swapped for real ones, so requests get past routing and
-    reach validation, the queue and the (fake) workers. Lease asks are kept within what the
-    GPU holds: one larger than the GPU is answered 503 lease_unavailable by design (GPUBoss's
-    contract, docs/API.md), which is not what this test is about."""
+    reach validation, the queue and the (fake) workers. Two by-design 503s are steered
+    around, as they are not what this test is about: lease asks are kept within what the GPU
+    holds (one larger is answered lease_unavailable: GPUBoss's contract, docs/API.md), and a
+    valid ``x_budget_s`` is made a minute at least (a budget of a millisecond is spent before
+    it is checked, and answered budget_exceeded: docs/FAULTS.md)."""
 
     def real(value: dict, key: str) -> st.SearchStrategy:
         return st.sampled_from([value, *({**value, key: m} for m in MODELS)])
@@ -76,6 +79,7 @@ def steer(loaded) -> None:
 
     @loaded.hook
     def flatmap_body(context, body):
+        body = with_time_to_spare(body)
         if context.operation.path.startswith("/api/v1/leases"):
             return st.just(within_the_gpu(body))
         inner = body.get("body") if isinstance(body, dict) else None
@@ -84,6 +88,14 @@ def steer(loaded) -> None:
             return st.sampled_from([body, {**body, "body": valid}])
         return real(body, "model") if isinstance(body, dict) and "model" in body \
             else st.just(body)
+
+
+def with_time_to_spare(body):
+    budget = body.get("x_budget_s") if isinstance(body, dict) else None
+    if isinstance(budget, int | float) and not isinstance(budget, bool) \
+            and BUDGET_S[0] <= budget < BUDGET_S[1]:
+        return {**body, "x_budget_s": BUDGET_S[1]}
+    return body
 
 
 def within_the_gpu(body):
