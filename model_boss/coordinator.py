@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import ipaddress
 import logging
 import os
 import time
@@ -145,6 +146,8 @@ class Coordinator:
             log.info("GPUs from NVML: %s", gpus)
         log.info("lease store: %s", "redis " + self.settings.redis_url
                  if self.settings.redis_url else "embedded (no Redis)")
+        if self.exposure_warning:
+            log.warning("%s", self.exposure_warning)
         for entry in self.catalog:
             if not entry.available:
                 log.warning("model '%s' (%s) is unavailable: %s", entry.manifest.id,
@@ -276,6 +279,12 @@ class Coordinator:
                 slot.entry.manifest.running_limit)
             m.model_running.labels(slot.model_id).set(slot.active)
 
+    @property
+    def exposure_warning(self) -> str | None:
+        """What anyone on the network may do here, when this coordinator listens beyond
+        loopback without keys; None when it does not."""
+        return exposure_warning(self.settings)
+
     async def status(self) -> dict:
         usage = await self.boss.usage()
         leases = await self.boss.leases()
@@ -298,6 +307,7 @@ class Coordinator:
             "pulls": self.pulls.status(),
             "leases": [lease.to_dict() for lease in leases],
             "models": await self.model_views(queue["by_model"]),
+            "warnings": [w for w in (self.exposure_warning,) if w],
         }
 
     async def model_views(self, queued: dict[str, int]) -> list[dict]:
@@ -325,6 +335,24 @@ class Coordinator:
             with contextlib.suppress(Exception):  # an unreadable file has no estimate to show
                 found[entry.manifest.id] = self.pool.estimate(entry).to_dict()
         return found
+
+
+def exposure_warning(settings: Settings) -> str | None:
+    """The warning for a coordinator that listens beyond loopback with no key set."""
+    if settings.user_keys_set or settings.admin_api_key or _loopback(settings.host):
+        return None
+    return (f"listening on {settings.host or 'every address'} without API keys: anyone who "
+            "can reach this port can run models, change the configuration, take GPU leases "
+            "and pull models; set api_keys (or api_key) and admin_api_key")
+
+
+def _loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any address
 
 
 # how long one phase of a stop before the workers' may take (SIGTERM must stop the daemon)

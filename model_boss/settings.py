@@ -46,6 +46,10 @@ LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}:*" for scheme in ("http", "https")
                          for host in ("localhost", "127.0.0.1", "[::1]"))
 _ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s:]+(\]?)(:(\d{1,5}|\*))?$|"
                      r"^[a-z][a-z0-9+.-]*://\[[0-9a-f:]+\](:(\d{1,5}|\*))?$", re.IGNORECASE)
+# an allowed_hosts entry: a DNS name, or "*." and one (any of its subdomains)
+_LABEL = r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$", re.IGNORECASE)
+
 
 class DeclaredGPU(BaseModel):
     """A GPU declared in settings, used when NVML finds none (or to simulate a box)."""
@@ -144,6 +148,9 @@ class Settings(BaseSettings):
     admin_api_key: str | None = None
     # browser origins that may call the API (CORS): "scheme://host", ":*" for any port, or "*"
     cors_origins: list[str] = Field(default_factory=lambda: list(LOOPBACK_ORIGINS))
+    # names a request's Host may carry besides this machine's own and any IP address
+    # (docs/SECURITY.md): "name", "*.example.org" (its subdomains) or "*" (any)
+    allowed_hosts: list[str] = Field(default_factory=list)
     allow_cloud_fallback: bool = True
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
     # ids, or entries that stay: {model, keep_alive_s: -1 | seconds, pin: true}
@@ -187,6 +194,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin: 'scheme://host', "
                                  "'scheme://host:port', 'scheme://host:*' (any port) or '*'")
         return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name != "*" and not _HOST_NAME.match(name):
+                raise ValueError(f"{name!r} is not a host name: 'name', '*.example.org' (its "
+                                 "subdomains) or '*' (any); no scheme, no port (IP addresses "
+                                 "are always allowed)")
+        return [name.lower().rstrip(".") for name in value]
 
     @field_validator("manifests", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from .middleware import (
     BodyLimit,
     EarlyForwarding,
     ErrorEnvelope,
+    HostGuard,
     InternalErrors,
     Pacing,
     QueueGate,
@@ -49,13 +50,15 @@ def create_app(settings: Settings | None = None, *,
     install_error_handlers(app)
     document_bounds(app)
     # the last added runs first: pacing (arrivals take turns with running work) → CORS →
-    # Ollama's and Anthropic's envelopes → errors → keys and metrics → the queue's early
+    # Ollama's and Anthropic's envelopes → errors → Host and Origin checks (before any work;
+    # their refusals in the route's envelope) → keys and metrics → the queue's early
     # refusals → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
                        uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
     app.add_middleware(QueueGate, coordinator=coord, paths=queued_paths())
     app.add_middleware(AuthAndMetrics, coordinator=coord)
+    app.add_middleware(HostGuard, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,
                        rewrite=anthropic.anthropic_error_body)

@@ -372,6 +372,11 @@ function renderMeta() {
   $("#meta").textContent = `up ${fmtDuration(s.uptime_s)} · lease store ${s.lease_store} · ` +
     `${models} model${models === 1 ? "" : "s"}` +
     (s.cluster?.host_id ? ` · cluster member ${s.cluster.host_id}` : "");
+  // e.g. an open address without keys; set only when it changes (a screen reader says it)
+  const warnings = (s.warnings || []).map((w) => `Warning: ${w}`).join(" · ");
+  const banner = $("#warnings");
+  banner.hidden = !warnings;
+  if (banner.textContent !== warnings) banner.textContent = warnings;
 }
 
 /** Whose lease is this: a model-boss slot's (its model) or an outside holder's. */

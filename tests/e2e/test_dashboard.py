@@ -206,7 +206,7 @@ def test_queue_and_outside_lease(page, server):
         expect(page.locator("article.gpu[data-gpu='0'] .legend")).to_contain_text(
             "training: finetune run")
         expect(page.locator("#lease-table")).to_contain_text("finetune run")
-        client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: mb\r\n"
+        client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                        f"\r\n{body}".encode())
         row = page.locator("#queue-table tbody tr[data-model='smol-a']")

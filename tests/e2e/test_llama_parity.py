@@ -171,7 +171,7 @@ def test_a_client_that_goes_away_frees_its_slot(server: ServerProcess, path: str
     # an answer that ended by itself before the client could leave shows nothing: ask again
     for _ in range(5):
         sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\n"
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: {KEY}\r\n"
                      f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
                      "\r\n".encode() + payload)
         got = bytearray()

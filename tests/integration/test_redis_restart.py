@@ -192,7 +192,7 @@ async def test_put_config_while_redis_is_down_is_a_503_and_keeps_the_value(
     await coord.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://mb") as client:
+                                     base_url="http://127.0.0.1") as client:
             await asyncio.to_thread(redis_server.stop)
             put = await client.put("/api/v1/config", json={"allowCloudFallback": False})
             assert put.status_code == 503

@@ -123,7 +123,7 @@ async def started_client(coord: Coordinator) -> AsyncIterator[httpx.AsyncClient]
     await coord.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://mb") as client:
+                                     base_url="http://127.0.0.1") as client:
             yield client
     finally:
         await coord.stop()

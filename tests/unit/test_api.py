@@ -190,7 +190,7 @@ async def test_every_body_goes_through_the_size_limit(tmp_path, method, path):
     coord, _ = coordinator(tmp_path, [manifest("a", 1000)], max_body_bytes=2048)
     app = create_app(coordinator=coord)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://mb") as client:
+                                 base_url="http://127.0.0.1") as client:
         big = b'{"note": "' + b"x" * 4096 + b'"}'
         declared = await client.request(method, path, content=big)
         assert assert_envelope(declared, 413)["code"] == "payload_too_large"

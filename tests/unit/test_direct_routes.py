@@ -98,9 +98,9 @@ async def apps(tmp_path, monkeypatch):
     await coord.start()
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=direct),
-                                     base_url="http://mb") as a, \
+                                     base_url="http://127.0.0.1") as a, \
                 httpx.AsyncClient(transport=httpx.ASGITransport(app=plain),
-                                  base_url="http://mb") as b:
+                                  base_url="http://127.0.0.1") as b:
             yield a, b, passed_on
     finally:
         await coord.stop()

@@ -180,7 +180,7 @@ async def daemon(tmp_path):
     app = create_app(coordinator=coord)
     await coord.start()
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         yield client, coord, transport
     await coord.stop()
 
@@ -227,7 +227,7 @@ async def test_outside_lease_blocks_a_model_load(daemon):
 
 async def test_gpuboss_over_the_http_api(daemon):
     _, coord, transport = daemon
-    outside = GPUBoss(HttpLeaseStore("http://mb", transport=transport), [])
+    outside = GPUBoss(HttpLeaseStore("http://127.0.0.1", transport=transport), [])
     async with outside.lease(vram_mb=2_000, kind="training", gpu=1, ttl_s=30) as lease:
         assert [g.index for g in outside.gpus] == [0, 1]
         inside = {item.id for item in await coord.boss.leases()}
@@ -240,7 +240,7 @@ async def test_gpuboss_over_the_http_api(daemon):
 
 async def test_gpuboss_over_the_http_api_reasserts_and_loses(daemon):
     _, coord, transport = daemon
-    outside = GPUBoss(HttpLeaseStore("http://mb", transport=transport), [], ttl_s=30)
+    outside = GPUBoss(HttpLeaseStore("http://127.0.0.1", transport=transport), [], ttl_s=30)
     lost = recording(outside)
     held = await outside.acquire(kind="training", allocations={0: 5_000}, priority=3)
     await coord.boss.store.release(held.id)  # the daemon's store lost it

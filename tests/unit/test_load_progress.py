@@ -209,7 +209,7 @@ async def test_queue_listing_order_and_positions(tmp_path):
                 endpoint="/v1/chat/completions"))))
             await asyncio.sleep(0.01)  # distinct submission times
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             assert (await client.get("/api/v1/queue")).status_code == 401
             listed = (await client.get("/api/v1/queue",
                                        headers={"authorization": "Bearer admin-key"})).json()
@@ -227,7 +227,7 @@ async def test_queue_listing_order_and_positions(tmp_path):
         assert [set(r) for r in status_rows] == [set(r) for r in rows]
         assert [r["request_id"] for r in status_rows] == [r["request_id"] for r in rows]
         assert listed["total"] == 4 and listed["offset"] == 0
-        async with httpx.AsyncClient(transport=transport, base_url="http://mb",
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
                                      headers={"authorization": "Bearer admin-key"}) as client:
             page = (await client.get("/api/v1/queue", params={"limit": 2, "offset": 1})).json()
             bad = await client.get("/api/v1/queue", params={"limit": 0})
@@ -257,7 +257,7 @@ async def test_a_waiting_job_shows_its_queue_position(tmp_path):
         coord.pool.learned.observe_inference("p", 4.0)
         busy = await coord.queue.acquire(QueuedRequest(model_id="p", priority=5))
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             job = (await client.post("/api/v1/jobs", json={
                 "endpoint": "/v1/chat/completions",
                 "body": {"model": "p", "messages": [{"role": "user", "content": "hi"}]}})).json()
@@ -287,7 +287,7 @@ async def test_a_waiting_job_shows_its_queue_position(tmp_path):
 async def stream_over_a_held_start(coord, gates) -> httpx.Response:
     """A streaming chat for "p" sent while its worker's start is held, then let through."""
     transport = httpx.ASGITransport(app=create_app(coordinator=coord))
-    async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         gates.hold("start")
         chat = asyncio.create_task(client.post("/v1/chat/completions", json={
             "model": "p", "stream": True, "messages": [{"role": "user", "content": "hi"}]}))
@@ -312,7 +312,7 @@ async def test_a_stream_refused_before_any_load_keeps_its_status(reporting):
     coord, _, _ = reporting
     app = create_app(coordinator=coord)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         answer = await client.post("/v1/chat/completions", json={
             "model": "nope", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
     assert answer.status_code == 404 and answer.json()["error"]["code"]

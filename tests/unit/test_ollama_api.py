@@ -27,7 +27,7 @@ async def api(tmp_path):
     app = create_app(coordinator=coord)
     await coord.start()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://mb") as client:
+                                 base_url="http://127.0.0.1") as client:
         yield client, coord
     await coord.stop()
 

@@ -190,7 +190,7 @@ async def test_a_full_queue_refuses_before_the_body_is_read(tmp_path):
         waiting = [asyncio.create_task(queued(coord, c)) for c in ("x", "x")]
         await asyncio.sleep(0.05)
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             mine = await client.post("/v1/chat/completions", content=b"not json",
                                      headers={"x-client-id": "x"})
             other = await client.post("/v1/chat/completions", content=b"not json",

@@ -268,7 +268,7 @@ async def test_admin_load_over_http_joins_a_request_load(tmp_path):
     await coord.start()
     try:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mb") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             gates.hold("start")
             chat = asyncio.create_task(client.post("/v1/chat/completions", json={
                 "model": "q", "messages": [{"role": "user", "content": "hi"}]}))
