@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
+
+if TYPE_CHECKING:
+    from .usage.row import UsageRow
 
 # What generate_latest writes: the text format 0.0.4 (newer prometheus_client releases name
 # it CONTENT_TYPE_PLAIN_0_0_4, as their CONTENT_TYPE_LATEST moved on to 1.0.0)
@@ -52,6 +57,22 @@ class Metrics:
                                            ["model"], registry=self.registry)
         self.model_running = Gauge("model_boss_model_running", "Requests running on a model",
                                    ["model"], registry=self.registry)
+        # the ledger's figures per key (its name; "-" with no keys configured): key names
+        # are configured, so their number stays small, unlike end users (never a label)
+        self.usage_requests = Counter("model_boss_usage_requests_total",
+                                      "Finished requests, by key and how they ended",
+                                      ["key", "model", "outcome"], registry=self.registry)
+        self.usage_tokens = Counter("model_boss_usage_tokens_total",
+                                    "Tokens by key: prompt, completion, cached (of the prompt)",
+                                    ["key", "model", "direction"], registry=self.registry)
+        self.usage_gpu_seconds = Counter("model_boss_usage_gpu_seconds_total",
+                                         "Share of slot busy time (and loads caused), by key",
+                                         ["key", "model"], registry=self.registry)
+        self.usage_images = Counter("model_boss_usage_images_total", "Images made, by key",
+                                    ["key", "model"], registry=self.registry)
+        self.usage_audio_seconds = Counter("model_boss_usage_audio_seconds_total",
+                                           "Seconds of audio made or heard, by key",
+                                           ["key", "model"], registry=self.registry)
 
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(model, endpoint, str(status)).inc()
@@ -59,6 +80,22 @@ class Metrics:
 
     def observe_wait(self, priority: int, seconds: float) -> None:
         self.queue_wait.labels(str(priority)).observe(seconds)
+
+    def observe_usage(self, row: UsageRow) -> None:
+        """Count one ledger row (figures of zero add no series: an LLM shows no images)."""
+        key = row.key or "-"
+        self.usage_requests.labels(key, row.model, row.outcome).inc()
+        for direction, count in (("prompt", row.prompt_tokens),
+                                 ("completion", row.completion_tokens),
+                                 ("cached", row.cached_tokens)):
+            if count > 0:
+                self.usage_tokens.labels(key, row.model, direction).inc(count)
+        if row.gpu_seconds > 0:
+            self.usage_gpu_seconds.labels(key, row.model).inc(row.gpu_seconds)
+        if row.images > 0:
+            self.usage_images.labels(key, row.model).inc(row.images)
+        if row.audio_seconds > 0:
+            self.usage_audio_seconds.labels(key, row.model).inc(row.audio_seconds)
 
     def on_event(self, event: dict) -> None:
         self.events.labels(event["type"]).inc()
