@@ -1,5 +1,6 @@
 """``model-boss serve | ps | status | load | unload | pin | unpin | pull | rm | reload | config |
-leases | simulate``: what each command does (the parser, its help and examples: cli_parser.py)."""
+leases | keys | usage | simulate``: what each command does (the parser, its help and
+examples: cli_parser.py)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         return _call("GET", args, "/api/v1/status")
     if args.command == "simulate":
         return simulate_cli.run(args)
+    if args.command in ("keys", "usage"):
+        from .keys import cli as keys_cli
+        from .usage import cli as usage_cli
+
+        return (keys_cli if args.command == "keys" else usage_cli).run(args, _url(args),
+                                                                        _headers())
     if args.command in ("load", "unload", "pin", "unpin"):
         return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
     if args.command == "pull":

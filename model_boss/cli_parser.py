@@ -8,8 +8,10 @@ import os
 import textwrap
 from collections.abc import Mapping
 
+from .keys import cli as keys_cli
 from .settings import Settings
 from .simulation import cli as simulate_cli
+from .usage import cli as usage_cli
 
 DEFAULT_PORT: int = Settings.model_fields["port"].default
 
@@ -28,6 +30,8 @@ examples:
   model-boss ps                               GPUs, their leases, and every model
   model-boss load smollm2-135m                load a model now
   MODEL_BOSS_PORT=8300 model-boss ps          talk to a daemon on another port
+  model-boss keys create alice --models 'qwen*'   a key for one person (secret on the last line)
+  model-boss usage --group-by key,day         what each key used today
   model-boss ps --help                        one command's options and an example
 """
 
@@ -106,4 +110,6 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     leases.add_argument("--note", help="what it is for")
     leases.add_argument("--id", help="the lease to release (`model-boss ps` lists them)")
     simulate_cli.add_parser(sub)
+    keys_cli.add_parser(sub)
+    usage_cli.add_parser(sub)
     return parser

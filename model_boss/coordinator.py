@@ -26,6 +26,7 @@ from .history import History, RequestRing
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
+from .keys import KeyStore, MinuteWindows
 from .library import LiveCatalog, Pulls
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
@@ -35,6 +36,7 @@ from .scheduling.waiting import queue_status
 from .settings import PreloadEntry, Settings
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .slots.slot import SlotState
+from .usage import Spent, UsageLedger, UsageRow
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,10 @@ class Coordinator:
         self.events = EventBus()
         self.metrics = Metrics()
         self.events.listen(self.metrics.on_event)
+        self.keys = KeyStore(settings, settings.state_path / "keys.sqlite3")
+        self.key_windows = MinuteWindows()
+        self.usage = UsageLedger(settings.state_path / "usage.sqlite3"
+                                 if settings.usage_ledger else None)
         self.started_at = time.time()
         self.catalog = build_catalog(settings)
         self.nvml = open_nvml() if settings.use_nvml else None
@@ -70,6 +76,7 @@ class Coordinator:
                               backend_factory=backend_factory)
         self.boss.on_lease_lost = self.pool.lease_lost
         self.queue = InferenceQueue(self.pool, settings, self.events)
+        self.queue.meter.on_row = self.used
         self.history = History(self.boss, self.pool, self.queue, settings.history_step_s)
         self.queue.on_granted = self._granted
         self.events.listen(self.history.on_event)
@@ -111,6 +118,17 @@ class Coordinator:
                                    result_ttl_s=settings.job_result_ttl_s,
                                    max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
+
+    def used(self, row: UsageRow) -> None:
+        """A finished request's usage: into the ledger, the key's minute and the metrics."""
+        self.usage.record(row)
+        if row.key:
+            self.key_windows.used(row.key, row.at, row.tokens)
+        self.metrics.observe_usage(row)
+
+    def usage_spent(self, key: str, since: float) -> Spent:
+        """What ``key`` spent since ``since`` (the ledger's running totals)."""
+        return self.usage.spent(key, since)
 
     def _granted(self, priority: int, waited_s: float) -> None:
         self.metrics.observe_wait(priority, waited_s)
@@ -155,6 +173,8 @@ class Coordinator:
         await self.boss.publish_inventory()
         await self._release_leases_left_behind()
         await self.runtime.restore()
+        await self.keys.start()
+        await self.usage.start()
         self.pool.learned.load()
         self._loops = [
             asyncio.create_task(self.queue.run(), name="queue"),
@@ -256,6 +276,7 @@ class Coordinator:
         await self.pool.shutdown()
         self.pool.learned.flush()
         self.queue.request_log.close()
+        await _bounded("the usage ledger", self.usage.stop())
         await self.runtime.close()
         await self.boss.close(release_held=True)
         self.events.emit("stopped")
@@ -282,8 +303,8 @@ class Coordinator:
     @property
     def exposure_warning(self) -> str | None:
         """What anyone on the network may do here, when this coordinator listens beyond
-        loopback without keys; None when it does not."""
-        return exposure_warning(self.settings)
+        loopback without keys (config or managed); None when it does not."""
+        return None if self.keys.enforced else exposure_warning(self.settings)
 
     async def status(self) -> dict:
         usage = await self.boss.usage()

@@ -175,6 +175,18 @@ class RateLimited(ModelBossError):
     code = "rate_limited"
 
 
+class QuotaExceeded(RateLimited):
+    """A key has spent a day's or a month's quota; ``Retry-After`` is when it resets."""
+
+    code = "quota_exceeded"
+
+
+class Conflict(ModelBossError):
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
 class LeaseUnavailable(ModelBossError):
     """GPUBoss could not grant a lease: not enough free VRAM on the GPUs asked for."""
 

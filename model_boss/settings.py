@@ -59,15 +59,40 @@ class DeclaredGPU(BaseModel):
     vram_mb: int = Field(gt=0)
 
 
+# what a key may be scoped to, by the routes' kind (docs/SECURITY.md)
+EndpointKind = Literal["chat", "embeddings", "images", "audio", "rerank"]
+ENDPOINT_KINDS: tuple[str, ...] = ("chat", "embeddings", "images", "audio", "rerank")
+
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0)]
+
+
 class ClientProfile(BaseModel):
-    """Defaults and limits for one client id (``x_client_id`` / ``X-Client-Id``)."""
+    """Defaults, scope and limits for one client: a key's name (``api_keys``, a managed key)
+    or, with no keys configured, a client id (``x_client_id`` / ``X-Client-Id``).
+
+    ``allowed_models`` are names or globs (``qwen*``); ``endpoints`` the kinds of route it
+    may call; ``priority_floor`` the most important priority it may ask for. Rates count a
+    sliding minute; quotas a UTC day or month (docs/SECURITY.md)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     priority: int | None = Field(default=None, ge=0, le=100)
     max_concurrency: int | None = Field(default=None, ge=1)
     max_queued: int | None = Field(default=None, ge=0)  # waiting at once; beyond: 429
     share: float | None = Field(default=None, gt=0)  # fair-share weight (else the task's)
     default_task: str | None = None
-    allowed_models: list[str] | None = None
+    allowed_models: list[Annotated[str, Field(min_length=1)]] | None = None
+    endpoints: list[EndpointKind] | None = None
+    priority_floor: int | None = Field(default=None, ge=0, le=100)
+    requests_per_minute: Count | None = None
+    tokens_per_minute: Count | None = None
+    tokens_per_day: Count | None = None
+    tokens_per_month: Count | None = None
+    images_per_day: Count | None = None
+    audio_seconds_per_day: Seconds | None = None
+    gpu_seconds_per_day: Seconds | None = None
+    gpu_seconds_per_month: Seconds | None = None
 
 
 class PreloadEntry(BaseModel):
@@ -173,6 +198,9 @@ class Settings(BaseSettings):
     job_result_ttl_s: float = Field(default=3600.0, gt=0)
     max_jobs: int = Field(default=1000, ge=1)
     request_log: bool = True
+    # every finished request's usage in state_dir/usage.sqlite3 (GET /api/v1/usage); off:
+    # kept in memory only, for quotas and reports until the daemon stops
+    usage_ledger: bool = True
     # prompt text in the last requests' rows (/api/v1/requests, admin): off unless turned on,
     # and cut to this many characters
     capture_prompts: bool = False

@@ -26,6 +26,8 @@ from .middleware import (
     with_cors,
 )
 from .openapi_doc import document_bounds
+from .tenants import keys as tenant_keys
+from .tenants import usage as tenant_usage
 
 
 def create_app(settings: Settings | None = None, *,
@@ -57,7 +59,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
                        uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
     app.add_middleware(QueueGate, coordinator=coord, paths=queued_paths())
-    app.add_middleware(AuthAndMetrics, coordinator=coord)
+    app.add_middleware(AuthAndMetrics, coordinator=coord, inference=queued_paths())
     app.add_middleware(HostGuard, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,
@@ -67,7 +69,8 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
     routers = [module.router for module in (openai, anthropic, llamacpp, ollama, admin, history,
-                                            pulls, jobs, leases, dashboard)]
+                                            pulls, jobs, leases, tenant_keys, tenant_usage,
+                                            dashboard)]
     for router in routers:
         app.include_router(router)
     take_direct_routes(app, [route for router in routers for route in router.routes])

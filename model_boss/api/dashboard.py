@@ -76,8 +76,8 @@ async def dashboard_file(name: str) -> Response:
 
 def _may_read_state(request: Request) -> bool:
     """Whether this caller's key opens ``/api/v1/status``: the check the API itself makes."""
-    settings = coordinator_of(request).settings
-    return check_key(given_key(request.headers), settings, admin=True).allowed
+    keys = coordinator_of(request).keys
+    return check_key(given_key(request.headers), keys, admin=True).allowed
 
 
 async def _snapshot(request: Request) -> dict[str, Any] | None:

@@ -10,7 +10,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import BadRequest
+from ..errors import BadRequest, ModelNotFound
+from ..keys import identity_of, sees
 from ..services.ollama import pulls, service
 from ..services.ollama.models import ps, show, tags
 from ..services.ollama.schemas import (
@@ -46,14 +47,21 @@ async def version() -> dict[str, Any]:
 
 @router.get("/api/tags")
 async def list_tags(request: Request) -> dict[str, Any]:
-    """Every manifest (its aliases answer too)."""
-    return tags(coordinator_of(request))
+    """Every manifest (its aliases answer too) the key may use."""
+    return _seen(request, tags(coordinator_of(request)))
 
 
 @router.get("/api/ps")
 async def list_loaded(request: Request) -> dict[str, Any]:
     """Models with a worker: size, VRAM leased, keep-alive deadline, processor split."""
-    return ps(coordinator_of(request))
+    return _seen(request, ps(coordinator_of(request)))
+
+
+def _seen(request: Request, listed: dict[str, Any]) -> dict[str, Any]:
+    """``listed`` without the models outside the key's scope."""
+    identity = identity_of(request.scope)
+    return {"models": [m for m in listed["models"]
+                       if sees(identity, [m["name"], *m.get("aliases", [])])]}
 
 
 @router.post("/api/show")
@@ -62,6 +70,8 @@ async def show_model(request: Request, body: OllamaShowRequest) -> dict[str, Any
     if not body.wanted:
         raise BadRequest("model: Field required", param="model", code="missing_field")
     _, entries = service.resolve(coord, body.wanted)
+    if not sees(identity_of(request.scope), entries[0].manifest.names):
+        raise ModelNotFound(f"model '{body.wanted}' not found", param="model")
     return show(entries[0])
 
 

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from ..errors import BadRequest
+from ..keys import identity_of, sees
 from ..services import (
     FILES_PATH,
     IMAGES,
@@ -52,9 +53,12 @@ UPLOAD_FORM: dict[str, Any] = {"requestBody": {"required": True, "content": {
 @router.get("/models", include_in_schema=False)
 async def list_models(request: Request) -> dict[str, Any]:
     coord = coordinator_of(request)
+    identity = identity_of(request.scope)
     data = []
     for entry in coord.catalog:
         m = entry.manifest
+        if not sees(identity, m.names):  # outside the key's scope: as if it did not exist
+            continue
         slot = coord.pool.slots.get(m.id)
         data.append({
             "id": m.id, "object": "model", "created": int(coord.started_at),

@@ -39,6 +39,8 @@ class RequestRing(RequestLog):
                     "tokens": tokens, "status": "ok" if ok else "failed",
                     "task": extra.get("task"), "rung": extra.get("rung"),
                     "endpoint": extra.get("endpoint")}
+        if extra.get("end_user"):  # the client id a key's request named under the key
+            row["end_user"] = extra["end_user"]
         if extra.get("prompt") is not None:  # captured: the setting is on
             row["prompt"] = extra["prompt"]
         self._rows.append(row)
@@ -47,13 +49,14 @@ class RequestRing(RequestLog):
 
     def recent(self, limit: int = 100, model: str | None = None,
                client: str | None = None) -> list[Row]:
-        """The last ``limit`` rows, newest first, of ``model`` and ``client`` when given."""
+        """The last ``limit`` rows, newest first, of ``model`` and ``client`` (a client id, a
+        key or an end user under a key) when given."""
         found: list[Row] = []
         for row in reversed(self._rows):
             if len(found) >= limit:
                 break
             if (model is None or row["model"] == model) and (
-                    client is None or row["client_id"] == client):
+                    client is None or client in (row["client_id"], row.get("end_user"))):
                 found.append(dict(row))
         return found
 

@@ -5,9 +5,8 @@ docs/SCHEDULING.md): the same function the trace simulator replays. A request wh
 cannot load yet waits without blocking requests for other models; once it is first in order,
 the models it waits for take no new requests until they are idle and can make room. Loads
 and evictions are planned with the request's aged priority, so a long wait may evict an idle
-model a more important client used. Limits: a model's ``max_concurrency`` (the rest wait),
-``max_queued`` per model, per client and in all, each refused with 429 and Retry-After. The
-loop wakes on every submission, every slot release, and every 5 s.
+model a more important client used. Limits: ``max_concurrency`` (the rest wait), ``max_queued``
+per model, client and in all (429). The loop wakes on every arrival, release, and every 5 s.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from ..errors import (
 )
 from ..events import EventBus
 from ..settings import Settings
+from ..usage import Meter
 from .budget import Prediction, admit, predict
 from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait
@@ -52,6 +52,7 @@ class InferenceQueue:
         self.settings = settings
         self.events = events
         self.requestors = RequestorRegistry()
+        self.meter = Meter(settings.member_id if settings.cluster else "")  # GPU-seconds
         self.request_log = RequestLog(settings.state_path / "requests.jsonl"
                                       if settings.request_log else None)
         self.order_policy = OrderPolicy(aging_s=settings.aging_s,
@@ -59,8 +60,8 @@ class InferenceQueue:
                                         turn_s=settings.fair_share_turn_s)
         self._pending = self.backlog = Backlog(self.order_policy)  # read-only outside
         self.arrivals = Arrivals()  # let through the gate, not queued yet
-        # (deadline, arrival, request): the next to time out without a scan (stale entries,
-        # of requests no longer waiting, are dropped as they come to the top)
+        # (deadline, arrival, request): the next to time out without a scan (stale entries
+        # are dropped as they come to the top)
         self._deadlines: list[tuple[float, int, QueuedRequest]] = []
         self._arrivals = itertools.count()
         # the requests whose model could not load yet at the last pass: their aging may
@@ -229,14 +230,14 @@ class InferenceQueue:
         alive, room); the check and the count happen with no await between them."""
         if not owner.try_acquire(request.priority, request.keep_alive_s):
             return False
-        slot = owner.slot
-        self._in_flight_by_client[request.client_id] = (
-            self._in_flight_by_client.get(request.client_id, 0) + 1)
+        client, slot = request.client_id, owner.slot
+        self._in_flight_by_client[client] = self._in_flight_by_client.get(client, 0) + 1
         self._pending.discard(request)
-        self.requestors.started(request.client_id)
+        self.requestors.started(client)
         self.granted_total += 1
         self.pool.rates.record(request.model_id, time.time())
         ticket = SlotTicket(self._finished, request, slot)
+        self.meter.granted(ticket)
         self.on_granted(request.priority, ticket.waited_s)
         request.future.set_result(ticket)
         return True
@@ -252,8 +253,8 @@ class InferenceQueue:
         duration = time.monotonic() - ticket.started
         if ok:
             self.pool.learned.observe_inference(slot.model_id, duration)
-        self.request_log.finished(ticket, ok, duration,
-                                  self.pool.learned.get(slot.model_id).load_s)
+        self.request_log.finished(ticket, ok, duration, self.pool.learned.get(slot.model_id).load_s)
+        self.meter.finished(ticket, ok, client_fault, duration)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
+from ..usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
 from .seams import SlotReading
 
@@ -40,6 +41,8 @@ class QueuedRequest:
     task: str | None = None  # the task it came for, and which rung of its ladder this is
     rung: int | None = None
     prompt: str | None = None  # its text, only when the request log captures prompts
+    key: str = ""  # the key it came with ("" with no keys configured), for the usage ledger
+    end_user: str = ""  # the client id, user or metadata.user_id it named under that key
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
@@ -147,6 +150,10 @@ class SlotTicket:
         self.load_wait_s = round(min(now, loaded_at) - request.submitted_at, 4) \
             if loaded_at > request.submitted_at else 0.0
         self.tokens: int | None = None  # generated, as the answer reports them
+        self.figures = Figures()  # what the answer told the client it used
+        self.status = 200  # the answer's HTTP status, where not 200
+        self.metered: int | None = None  # its place on its slot's busy clock (Meter)
+        self.load_s = 0.0  # the load it caused, charged to it
         self._released = False
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:

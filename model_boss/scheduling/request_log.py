@@ -34,7 +34,7 @@ class RequestLog:
                    submitted_at=request.submitted_at, load_s=load_s, tokens=ticket.tokens,
                    extra={"load_wait_s": ticket.load_wait_s, "task": request.task,
                           "rung": request.rung, "endpoint": request.endpoint or None,
-                          "prompt": request.prompt})
+                          "prompt": request.prompt, "end_user": request.end_user})
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 from ..catalog import BackendKind, Catalog
 from ..catalog.tasks import TaskRegistry, TaskSpec, task_name
 from ..errors import BadRequest, Forbidden, ModelBossError
+from ..keys import model_in_scope
 from ..runtime_config import RuntimeConfig
 from ..settings import ClientProfile
 from .seams import SlotBoard
@@ -96,10 +97,9 @@ class ModelRouter:
             if not model:
                 raise BadRequest("'model' is required", param="model", code="missing_field")
             ladder, spec, pin_first = [self.catalog.get(model).manifest.id], None, True
-        if profile and profile.allowed_models is not None:
-            allowed = set(profile.allowed_models)
+        if profile and profile.allowed_models is not None:  # names or globs
             permitted = [m for m in ladder
-                         if allowed.intersection(self.catalog.get(m).manifest.names)]
+                         if model_in_scope(profile, self.catalog.get(m).manifest.names)]
             if not permitted:
                 raise Forbidden(f"this client may not use '{model or name}'", param="model")
             ladder = permitted

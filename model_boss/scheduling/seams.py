@@ -27,6 +27,10 @@ class SlotReading(Protocol):
     estimate: VramEstimate | None
     backend: Any  # the worker a granted request is sent to
     loaded_at: float | None  # when it last became READY from a load or an onload
+    ready_in_s: float  # how long that load or onload took
+
+    @property
+    def leased_mb(self) -> int: ...
 
     @property
     def model_id(self) -> str: ...

@@ -38,9 +38,11 @@ FORWARDABLE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddi
 def forward_body(body: dict[str, Any], ext: Extensions, *, client_id: str, priority: int,
                  budget_s: float | None) -> dict[str, Any]:
     """The body a member sends on: the request's own fields plus its extensions, resolved."""
+    identity = ext.identity
     carried = {"x_client_id": client_id, "x_priority": priority,
                "x_keep_alive_s": ext.keep_alive_s, "x_thinking": ext.thinking,
-               "x_budget_s": budget_s}
+               "x_budget_s": budget_s, "x_key": identity and identity.key,
+               "x_end_user": identity and identity.end_user}
     return {**body, **ext.extra, **{k: v for k, v in carried.items() if v is not None}}
 
 

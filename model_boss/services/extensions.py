@@ -10,6 +10,7 @@ import orjson
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
 from ..cluster import FORWARDED_HEADER
+from ..keys import CURRENT_IDENTITY, Identity
 from .validation import parse
 
 
@@ -45,6 +46,8 @@ class ExtensionFields(BaseModel):
         default=None, description="turn a model's thinking on or off")
 
 
+# a member's forward carries the key it let the request in with (trusted only on a forward)
+CARRIED_IDENTITY = ("x_key", "x_end_user")
 _HEADERS = {"x_client_id": "x-client-id", "x_priority": "x-priority"}
 _NUMERIC = {"x_priority"}
 
@@ -62,6 +65,8 @@ class Extensions:
     extra: dict[str, Any] = field(default_factory=dict)
     forwarded: bool = False  # sent on by a cluster member (secret checked): served here
     request_id: str | None = None  # the queue's id for it (a job's id); set here, not by clients
+    # who the edge says it is (its key), None where no keys are configured
+    identity: Identity | None = field(default_factory=CURRENT_IDENTITY.get)
 
 
 def _header_value(name: str, value: str) -> Any:
@@ -78,14 +83,21 @@ def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensio
     """Remove every ``x_*`` key from ``body`` and return them parsed; the ``X-Client-Id`` /
     ``X-Priority`` headers fill in what the body does not say."""
     found = {key: body.pop(key) for key in [k for k in body if k.startswith("x_")]}
+    forwarded = FORWARDED_HEADER in headers
+    carried = {name: found.pop(name, None) for name in CARRIED_IDENTITY}
+    identity = CURRENT_IDENTITY.get()
+    if forwarded and identity is None and isinstance(carried["x_key"], str):
+        # a member's forward (its secret checked at the edge): the key it was let in with
+        identity = Identity(carried["x_key"], end_user=carried["x_end_user"]
+                            if isinstance(carried["x_end_user"], str) else None)
     known = {name: found.pop(name) for name in ExtensionFields.model_fields if name in found}
     for name, header in _HEADERS.items():
         if known.get(name) is None and header in headers:
             known[name] = _header_value(name, headers[header])
     if not known:  # most requests: nothing to validate
-        return Extensions(extra=found, forwarded=FORWARDED_HEADER in headers)
+        return Extensions(extra=found, forwarded=forwarded, identity=identity)
     fields = parse(ExtensionFields, known)
     return Extensions(client_id=fields.x_client_id, priority=fields.x_priority,
                       budget_s=fields.x_budget_s, keep_alive_s=fields.x_keep_alive_s,
                       task=fields.x_task, thinking=fields.x_thinking, extra=found,
-                      forwarded=FORWARDED_HEADER in headers)
+                      forwarded=forwarded, identity=identity)

@@ -110,6 +110,8 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
             said = _GENERATED.findall(chunk) if isinstance(chunk, bytes) else None
             if said:  # the last figure a stream gives is its whole count
                 ticket.tokens = int(said[-1])
+            if isinstance(chunk, bytes):
+                ticket.figures.read(chunk)
             yield chunk
         ok = True
     except (GeneratorExit, asyncio.CancelledError):

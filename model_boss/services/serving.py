@@ -5,8 +5,7 @@ Transport-neutral: it takes a parsed body and its extensions and returns a :clas
 ``[DONE]``). A task's ladder is tried in the router's order; when a candidate cannot serve
 (missing file, crash, timeout, no room ever) the next one is tried within the request's
 budget, and a ``fallback`` event is logged; a rung that cannot serve this kind of request
-(an embedder for a chat) is passed over with a ``rung_skipped`` event that says why. Every
-answer names the model that served it.
+(an embedder for a chat) is passed over with a ``rung_skipped`` event that says why.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from ..errors import (
     BadRequest,
     BudgetExceeded,
     CapacityExceeded,
+    Forbidden,
     LoadFailed,
     ModelBossError,
     ModelNotFound,
@@ -31,8 +31,10 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..jobs.runner import Dispatched
+from ..keys import floored_priority
 from ..scheduling.queue import QueuedRequest, SlotTicket
 from ..scheduling.request_log import prompt_text
+from .accounting import Who, read_figures, unserved_row, who
 from .cancel import Departure, unless_disconnected
 from .clustered import serve_clustered
 from .extensions import Extensions
@@ -62,8 +64,7 @@ CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
 CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
-# not a worker route: the model is made READY through the queue (priority, budget, keep-alive
-# as any request), nothing is sent to it (Ollama's load with an empty prompt)
+# not a worker route: the model is made READY through the queue, nothing is sent to it
 LOAD_ONLY = "load"
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
@@ -97,21 +98,28 @@ async def admit(coord: Coordinator, endpoint: str, body: dict[str, Any],
         raise
 
 
-async def _route(coord: Coordinator, body: dict[str, Any],
-                 ext: Extensions) -> tuple[RoutePlan, ClientProfile | None, dict[str, Any]]:
-    """The request's plan, its client's profile, and its body with its task's params."""
-    settings = coord.settings
-    profile = settings.clients.get(ext.client_id or "anonymous")
+async def _route(coord: Coordinator, body: dict[str, Any], ext: Extensions,
+                 ) -> tuple[RoutePlan, Who, dict[str, Any]]:
+    """The request's plan, who it is, its body with its task's params; a model outside a
+    key's scope is not found, as if it did not exist."""
+    asker = who(coord, ext, body)
+    profile = asker.profile
     task_name = ext.task
     if task_name is None and not body.get("model") and not (profile and profile.default_task):
         task_name = default_task(coord)
-    plan = await coord.router.resolve(
-        body.get("model"), task=task_name, profile=profile,
-        priority=effective_priority(settings, ext.priority, profile))
+    try:
+        plan = await coord.router.resolve(
+            body.get("model"), task=task_name, profile=profile,
+            priority=effective_priority(coord.settings, ext.priority, profile))
+    except Forbidden as exc:
+        if not asker.keyed:
+            raise
+        name = body.get("model") or task_name
+        raise ModelNotFound(f"The model '{name}' does not exist", param="model") from exc
     if plan.task is not None:
         # task params are defaults: the request's own values win, an explicit null does not
         body = {**plan.task.params, **{k: v for k, v in body.items() if v is not None}}
-    return plan, profile, body
+    return plan, asker, body
 
 
 def _refusal(coord: Coordinator, model_id: str, endpoint: str,
@@ -130,8 +138,8 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
                  disconnected: Departure | None, on_dispatch: Dispatched | None,
                  adapter: Adapter | None) -> Served:
     settings = coord.settings
-    client_id = ext.client_id or "anonymous"
-    plan, profile, body = await _route(coord, body, ext)
+    plan, asker, body = await _route(coord, body, ext)
+    profile = asker.profile
     task = plan.task
     budget_s = ext.budget_s if ext.budget_s is not None else (task.budget_s if task else None)
     keep_alive = ext.keep_alive_s
@@ -154,8 +162,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             continue
         manifest = coord.catalog.get(model_id).manifest
         queued = QueuedRequest(
-            model_id=model_id, client_id=client_id, endpoint=endpoint, budget_s=remaining,
-            budget_given_s=budget_s,
+            model_id=model_id, client_id=asker.client_id, endpoint=endpoint,
+            budget_s=remaining, budget_given_s=budget_s, key=asker.key,
+            end_user=asker.end_user,
             priority=effective_priority(settings, ext.priority, profile, task, manifest),
             keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None,
@@ -180,12 +189,11 @@ def effective_priority(settings: Settings, asked: int | None, profile: ClientPro
                        task: TaskSpec | None = None,
                        manifest: ModelManifest | None = None) -> int:
     """The priority a request runs at: its own, else its client profile's, its task's, its
-    model's, and last the default."""
-    for priority in (asked, profile and profile.priority, task and task.priority,
-                     manifest and manifest.priority):
-        if priority is not None:
-            return priority
-    return settings.default_priority
+    model's, and last the default; never more important than its key's floor."""
+    found = next((p for p in (asked, profile and profile.priority, task and task.priority,
+                              manifest and manifest.priority) if p is not None),
+                 settings.default_priority)
+    return floored_priority(profile, found)
 
 
 def _share(profile: ClientProfile | None, task: TaskSpec | None) -> float:
@@ -321,7 +329,12 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
                       ext: Extensions, disconnected: Departure | None,
                       on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
-    ticket: SlotTicket = await unless_disconnected(disconnected, coord.queue.acquire(queued))
+    try:
+        ticket: SlotTicket = await unless_disconnected(disconnected,
+                                                       coord.queue.acquire(queued))
+    except BaseException as exc:  # never granted: cancelled, refused or failed in the queue
+        coord.used(unserved_row(queued, exc, coord.queue.meter.member))
+        raise
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
     if on_dispatch is not None:
         on_dispatch(ticket)
@@ -347,6 +360,9 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         raise
     if upstream.stream is None:
         ticket.tokens = tokens_in(upstream.body) if 200 <= upstream.status < 300 else None
+        ticket.status = upstream.status
+        if 200 <= upstream.status < 300:
+            read_figures(ticket.figures, call.endpoint, call.body, upstream)
         ticket.release(ok=True)  # the next waiter, granted in this step, is sent on first
         await asyncio.sleep(0)
         answer = upstream.body or b""

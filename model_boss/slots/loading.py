@@ -134,6 +134,7 @@ class SlotLoad:
         self.owner.pool.learned.observe_load(self.owner.model_id, s.last_load_s)
         s.loads += 1
         s.loaded_at = time.time()
+        s.ready_in_s = s.last_load_s
         s.last_error = None
         s.transition(S.READY, f"loaded in {s.last_load_s}s")
         s.touch(priority)
@@ -162,6 +163,7 @@ class SlotLoad:
         s.ram_reserved_mb = 0
         s.loaded_at = time.time()
         s.last_onload_s = round(time.monotonic() - started, 3)
+        s.ready_in_s = s.last_onload_s
         s.transition(S.READY, f"onloaded in {s.last_onload_s}s")
         s.touch(priority)
         self.owner.pool.events.emit("onloaded", model=self.owner.model_id, seconds=s.last_onload_s,

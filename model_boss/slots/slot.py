@@ -62,6 +62,7 @@ class ModelSlot:
     last_load_s: float | None = None
     last_onload_s: float | None = None
     loaded_at: float | None = None
+    ready_in_s: float = 0.0  # how long its last load or onload took (charged to a request)
     measured_mb: int | None = None
     last_error: str | None = None
     ram_reserved_mb: int = 0
@@ -70,6 +71,11 @@ class ModelSlot:
     worker_gpus: tuple[int, ...] | None = None
     unload_after_request: bool = False
     history: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @property
+    def leased_mb(self) -> int:
+        """The VRAM its lease holds now (0 without one)."""
+        return self.lease.vram_mb if self.lease is not None else 0
 
     @property
     def model_id(self) -> str:

@@ -43,20 +43,24 @@ async def api(tmp_path, monkeypatch):
     coord, _ = coordinator(
         tmp_path, [manifest("a", 1000), manifest("b", 1000),
                    manifest("gone", 1000, path=str(tmp_path / "missing.gguf"))],
-        api_key="user-key", tasks_file=tmp_path / "tasks.yaml",
-        clients={"walled": {"allowed_models": ["a"]}})
+        api_key="user-key", api_keys={"walled": "walled-key"},
+        tasks_file=tmp_path / "tasks.yaml", clients={"walled": {"allowed_models": ["a"]}})
     async with started_client(coord) as client:
         yield client, coord
 
 
-async def test_a_model_outside_the_profile_is_a_permission_error(api):
+async def test_a_model_outside_the_keys_scope_does_not_exist(api):
     client, coord = api
-    refused = await client.post("/v1/messages", json=message("b"),
-                                headers={**USER, "x-client-id": "walled"})
-    assert "'b'" in anthropic_error(refused, 403, "permission_error")
+    walled = {**USER, "x-api-key": "walled-key"}
+    refused = await client.post("/v1/messages", json=message("b"), headers=walled)
+    assert "'b'" in anthropic_error(refused, 404, "not_found_error")
+    # the key decides: neither a client id nor metadata.user_id widens it
+    claimed = await client.post("/v1/messages", json={**message("b"),
+                                                      "metadata": {"user_id": "bob"}},
+                                headers={**walled, "x-client-id": "bob"})
+    anthropic_error(claimed, 404, "not_found_error")
     assert coord.queue.depth == 0
-    allowed = await client.post("/v1/messages", json=message("a"),
-                                headers={**USER, "x-client-id": "walled"})
+    allowed = await client.post("/v1/messages", json=message("a"), headers=walled)
     assert allowed.status_code == 200 and allowed.json()["content"][0]["text"] == "yo"
 
 
@@ -99,7 +103,8 @@ async def test_task_and_client_headers_reach_the_queue(api, monkeypatch, where):
     acquire = coord.queue.acquire
 
     async def spy(request):
-        seen.append((request.model_id, request.task, request.priority, request.client_id))
+        seen.append((request.model_id, request.task, request.priority, request.client_id,
+                     request.end_user))
         return await acquire(request)
 
     monkeypatch.setattr(coord.queue, "acquire", spy)
@@ -111,7 +116,8 @@ async def test_task_and_client_headers_reach_the_queue(api, monkeypatch, where):
     response = await client.post("/v1/messages", json=body, headers=headers)
     assert response.status_code == 200, response.text
     assert response.headers["x-model-boss-model"] == "b"  # the task's first candidate
-    assert seen == [("b", "helper", 1, "ide")]
+    # with keys, the queue counts the key; the client id is the end user's label under it
+    assert seen == [("b", "helper", 1, "default", "ide")]
 
 
 async def test_an_unknown_task_is_not_found(api):

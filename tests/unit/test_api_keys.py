@@ -10,6 +10,7 @@ from pydantic import SecretStr
 
 from model_boss.api.middleware.keys import check_key, with_client
 from model_boss.errors import ConfigError
+from model_boss.keys import KeyStore
 from model_boss.settings import Settings, load_settings
 
 from .fakes import coordinator, manifest, started_client
@@ -24,20 +25,20 @@ NAMED = {"api_keys": {"alice": "k-alice", "bob": "k-bob"}}
 
 @pytest.mark.parametrize("config, given, admin, allowed, client", [
     ({}, "", False, True, None),                                  # no keys: open
-    ({"api_key": "shared"}, "shared", False, True, None),
+    ({"api_key": "shared"}, "shared", False, True, "default"),
     ({"api_key": "shared"}, "k-alice", False, False, None),
     (NAMED, "k-alice", False, True, "alice"),
     (NAMED, "k-bob", False, True, "bob"),
     (NAMED, "", False, False, None),
     (NAMED, "k-alic", False, False, None),                        # a prefix is no key
-    ({**NAMED, "api_key": "shared"}, "shared", False, True, None),  # the shared key stays
+    ({**NAMED, "api_key": "shared"}, "shared", False, True, "default"),  # the shared key
     (NAMED, "k-alice", True, True, "alice"),       # no admin key: /api/* takes user keys
     ({**NAMED, "admin_api_key": "adm"}, "k-alice", True, False, None),
-    ({**NAMED, "admin_api_key": "adm"}, "adm", True, True, None),
+    ({**NAMED, "admin_api_key": "adm"}, "adm", True, True, "admin"),
     ({"admin_api_key": "adm"}, "", False, True, None),           # only /api/* guarded
 ])
 def test_check_key(config, given, admin, allowed, client):
-    checked = check_key(given, settings(**config), admin=admin)
+    checked = check_key(given, KeyStore(settings(**config), None), admin=admin)
     assert (checked.allowed, checked.client) == (allowed, client)
 
 
@@ -82,9 +83,11 @@ async def test_each_key_is_its_client_through_the_api(tmp_path):
                                headers={"authorization": f"Bearer {key}"})
 
         assert (await post("k-alice", "a")).status_code == 200
-        refused = await post("k-alice", "b")  # alice's profile applies to alice's key
-        assert refused.status_code == 403
-        assert refused.json()["error"]["code"] == "model_not_allowed"
+        refused = await post("k-alice", "b")  # alice's profile: 'b' is as if it did not exist
+        assert refused.status_code == 404
+        assert refused.json()["error"]["code"] == "model_not_found"
+        # a client id under the key is an end user's label: it cannot take another profile
+        assert (await post("k-alice", "b", x_client_id="bob")).status_code == 404
         assert (await post("k-bob", "b")).status_code == 200
         assert (await post("shared", "b")).status_code == 200
         assert (await post("k-bob", "a", x_client_id="team-x")).status_code == 200
@@ -97,4 +100,4 @@ async def test_each_key_is_its_client_through_the_api(tmp_path):
     log = [json.loads(line) for line in
            (tmp_path / "state" / "requests.jsonl").read_text().splitlines()]
     assert [(e["model"], e["client_id"]) for e in log] == [
-        ("a", "alice"), ("b", "bob"), ("b", "anonymous"), ("a", "team-x"), ("a", "bob")]
+        ("a", "alice"), ("b", "bob"), ("b", "default"), ("a", "bob"), ("a", "bob")]

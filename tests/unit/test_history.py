@@ -229,17 +229,20 @@ async def test_requests_lists_the_last_ones_filtered_by_model_and_client(api):
         return answer.json()["requests"]
 
     every = await rows()
-    assert [(r["model"], r["client_id"]) for r in every] == [
-        ("a", "alice"), ("b", "alice"), ("a", "bob"), ("a", "alice")]
-    assert set(every[0]) == {"t", "model", "client_id", "priority", "queue_wait_s",
-                             "load_wait_s", "duration_s", "tokens", "status", "task", "rung",
-                             "endpoint"}
+    # with keys, the client is the key; the client id it named is the end user under it
+    assert [(r["model"], r["client_id"], r["end_user"]) for r in every] == [
+        ("a", "default", "alice"), ("b", "default", "alice"), ("a", "default", "bob"),
+        ("a", "default", "alice")]
+    assert set(every[0]) == {"t", "model", "client_id", "end_user", "priority",
+                             "queue_wait_s", "load_wait_s", "duration_s", "tokens", "status",
+                             "task", "rung", "endpoint"}
     assert "secret prompt" not in str(every)
     assert all(r["status"] == "ok" and r["duration_s"] >= 0 for r in every)
-    assert [r["client_id"] for r in await rows("?model=a")] == ["alice", "bob", "alice"]
+    assert [r["end_user"] for r in await rows("?model=a")] == ["alice", "bob", "alice"]
     assert [r["model"] for r in await rows("?client=alice")] == ["a", "b", "a"]
-    assert [(r["model"], r["client_id"]) for r in await rows("?model=a&client=bob")] == [
+    assert [(r["model"], r["end_user"]) for r in await rows("?model=a&client=bob")] == [
         ("a", "bob")]
+    assert len(await rows("?client=default")) == 4
     assert len(await rows("?limit=2")) == 2
 
 

@@ -127,7 +127,8 @@ async def test_priority_and_client_reach_the_queue_as_on_the_openai_routes(api, 
     acquire = coord.queue.acquire
 
     async def spy(request):
-        seen.append((request.priority, request.client_id, request.keep_alive_s))
+        seen.append((request.priority, request.client_id, request.end_user,
+                     request.keep_alive_s))
         return await acquire(request)
 
     monkeypatch.setattr(coord.queue, "acquire", spy)
@@ -138,7 +139,8 @@ async def test_priority_and_client_reach_the_queue_as_on_the_openai_routes(api, 
     else:
         headers.update({"x-priority": "1", "x-client-id": "ide"})
     assert (await client.post("/api/chat", json=body, headers=headers)).status_code == 200
-    assert seen == [(1, "ide", 600.0)]
+    # with keys the queue counts the key; the client id labels an end user under it
+    assert seen == [(1, "default", "ide", 600.0)]
 
 
 async def test_empty_requests_load_and_keep_alive_0_unloads(api):

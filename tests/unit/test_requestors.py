@@ -10,6 +10,7 @@ from model_boss.errors import ModelUnavailable
 from model_boss.scheduling.queue import QueuedRequest
 from model_boss.scheduling.requestors import RequestorRegistry
 from model_boss.scheduling.waiting import queue_status
+from model_boss.usage import Figures
 
 from .fakes import coordinator, manifest
 
@@ -106,6 +107,7 @@ class Ticket:
 
     def __init__(self) -> None:
         self.released: list[dict] = []
+        self.figures = Figures()
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:
         self.released.append({"ok": ok, "client_fault": client_fault})

@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from model_boss.api.errors import install_error_handlers
-from model_boss.api.usage import router
+from model_boss.api.tenants.usage import router
 from model_boss.keys.identity import Identity, with_identity
 from model_boss.usage import SUMMED, UsageLedger, UsageRow
 

@@ -37,19 +37,25 @@ class EndingStream(StreamingResponse):
 def transcript(heard: dict[str, Any], response_format: str, task: str) -> Response:
     """``heard`` (text, duration, language, segments, words?) as the client asked for it."""
     text, segments = heard["text"], heard["segments"]
+    # the seconds heard, as OpenAI's usage counts them (whole, at least one): in a header
+    # too, for the answers with no usage field (text, srt, vtt)
+    seconds = max(1, round(heard["duration"]))
+    heard_header = {"x-audio-seconds": str(seconds)}
     if response_format == "text":
-        return PlainTextResponse(text + "\n")
+        return PlainTextResponse(text + "\n", headers=heard_header)
     if response_format == "srt":
         blocks = [f"{n}\n{_clock(s['start'], ',')} --> {_clock(s['end'], ',')}\n"
                   f"{s['text'].strip()}\n" for n, s in enumerate(segments, 1)]
-        return PlainTextResponse("\n".join(blocks), media_type="application/x-subrip")
+        return PlainTextResponse("\n".join(blocks), media_type="application/x-subrip",
+                                 headers=heard_header)
     if response_format == "vtt":
         blocks = [f"{_clock(s['start'], '.')} --> {_clock(s['end'], '.')}\n{s['text'].strip()}\n"
                   for s in segments]
-        return PlainTextResponse("WEBVTT\n\n" + "\n".join(blocks), media_type="text/vtt")
-    usage = {"type": "duration", "seconds": max(1, round(heard["duration"]))}
+        return PlainTextResponse("WEBVTT\n\n" + "\n".join(blocks), media_type="text/vtt",
+                                 headers=heard_header)
+    usage = {"type": "duration", "seconds": seconds}
     if response_format == "json":
-        return JSONResponse({"text": text, "usage": usage})
+        return JSONResponse({"text": text, "usage": usage}, headers=heard_header)
     body: dict[str, Any] = {
         "task": task, "language": _language_name(heard.get("language")),
         "duration": heard["duration"], "text": text,
@@ -58,7 +64,7 @@ def transcript(heard: dict[str, Any], response_format: str, task: str) -> Respon
         "usage": usage}
     if "words" in heard:
         body["words"] = heard["words"]
-    return JSONResponse(body)
+    return JSONResponse(body, headers=heard_header)
 
 
 def _clock(seconds: float, comma: str) -> str:

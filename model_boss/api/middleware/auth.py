@@ -11,14 +11,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...cluster import FORWARDED_HEADER, forward_refusal
 from ...coordinator import Coordinator
+from ...errors import BadRequest, Unauthorized
+from ...keys import CURRENT_IDENTITY, Identity, with_identity
 from ...services.clustered import FORWARDABLE
-from ..errors import envelope, internal_error
+from ..errors import envelope, error_response, internal_error
 from ..ollama import ADMIN_PATHS, DATA_PATHS, is_ollama_path
-from .keys import check_key, given_key, with_client
+from .keys import Admission, as_key, check_key, given_key
 
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = {"/health", "/metrics"}
+USER_API_PATHS = {"/api/v1/usage"}  # under /api/, yet any key may read its own
+JOBS_PATH = "/api/v1/jobs"
 # The dashboard's static files: no state, no secret; the page asks for a key when the API does.
 OPEN_PREFIXES = ("/ui/",)
 
@@ -51,19 +55,23 @@ class InternalErrors:
 
 
 class AuthAndMetrics:
-    """API keys (``admin_api_key`` for ``/api/``, Ollama's routes aside), and metrics for
-    ``POST /v1/...`` and Ollama's chat, generate and embeddings."""
+    """Who a request is (its key: :mod:`.keys`), whether it may make it (admin routes need
+    an admin key; an inference route, the key's kind of route, rates and quotas), and
+    metrics for ``POST /v1/...`` and Ollama's chat, generate and embeddings."""
 
-    def __init__(self, app: ASGIApp, coordinator: Coordinator) -> None:
+    def __init__(self, app: ASGIApp, coordinator: Coordinator,
+                 inference: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.coord = coordinator
+        self.inference = inference | {JOBS_PATH}
+        self.admission = Admission(coordinator.key_windows, coordinator.usage_spent)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        settings = self.coord.settings
         headers = Headers(scope=scope)
+        identity: Identity | None = None
         if FORWARDED_HEADER in headers:  # a forward from a cluster member, or a forgery
             refusal = forward_refusal(headers, self.coord.cluster.secret
                                       if self.coord.cluster else None)
@@ -72,17 +80,37 @@ class AuthAndMetrics:
             if refusal is not None:
                 await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
                 return
-        elif (settings.user_keys_set or settings.admin_api_key) and not _open(scope["path"]):
+        elif self.coord.keys.enforced and not _open(scope["path"]):
             path = scope["path"]
-            checked = check_key(given_key(headers), settings,
-                                admin=path.startswith("/api/") and (
-                                    not is_ollama_path(path) or path in ADMIN_PATHS))
+            checked = check_key(given_key(headers), self.coord.keys, admin=_admin_path(path))
             if not checked.allowed:
-                await envelope("missing or invalid API key", 401, code="invalid_api_key")(
-                    scope, receive, send)
+                await error_response(checked.error or Unauthorized(
+                    "missing or invalid API key"))(scope, receive, send)
                 return
-            if checked.client is not None:  # a named key is its client unless one is named
-                scope = dict(scope, headers=with_client(list(scope["headers"]), checked.client))
+            record = checked.record
+            if record is not None:
+                scope_headers, end_user = as_key(list(scope["headers"]), record.name)
+                if end_user == "":
+                    await error_response(BadRequest(
+                        "X-Client-Id: must not be empty (leave the header out)",
+                        param="x_client_id", code="invalid_value"))(scope, receive, send)
+                    return
+                identity = Identity(record.name, record.admin, record, end_user)
+                if scope["method"] == "POST" and path in self.inference:
+                    refused = self.admission.admit(record, path)
+                    if refused is not None:
+                        self.coord.events.emit("key_refused", key=record.name,
+                                              code=refused.code, path=path)
+                        await error_response(refused)(scope, receive, send)
+                        return
+                scope = with_identity(dict(scope, headers=scope_headers), identity)
+        token = CURRENT_IDENTITY.set(identity)
+        try:
+            await self._measured(scope, receive, send)
+        finally:
+            CURRENT_IDENTITY.reset(token)
+
+    async def _measured(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if not ((path.startswith("/v1/") or path in DATA_PATHS) and scope["method"] == "POST"):
             await self.app(scope, receive, send)
@@ -105,6 +133,13 @@ class AuthAndMetrics:
                 self.coord.metrics.observe_request(str(seen.get("model", "-")), path,
                                                    int(seen["status"]),
                                                    time.monotonic() - started)
+
+
+def _admin_path(path: str) -> bool:
+    """The admin API: ``/api/*`` but Ollama's data routes and the usage a key reads of its
+    own."""
+    return path.startswith("/api/") and path not in USER_API_PATHS and (
+        not is_ollama_path(path) or path in ADMIN_PATHS)
 
 
 def _open(path: str) -> bool:

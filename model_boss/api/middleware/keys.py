@@ -1,29 +1,48 @@
-"""API keys: which key a request must carry on a path, and which client a named key is.
+"""Who a request is, from its key alone, and whether that key may make it.
 
-``api_key`` is one shared user key; ``api_keys`` names a key per client, so the key itself
-says who is asking (fair share, queue limits and the client's profile) when the request
-does not name its client with ``x_client_id`` / ``X-Client-Id``. ``admin_api_key`` guards
-``/api/*`` when set; without it those routes take the user keys, as before named keys.
+With keys configured (``api_keys``, ``api_key``, ``admin_api_key`` or any managed key), a
+request's identity is the key it carries: its ``X-Client-Id`` (like the body's
+``x_client_id``, ``user`` or ``metadata.user_id``) becomes an *end user* label under the key
+and never widens what the key may do. The header is replaced by the key's name, so every
+per-client limit downstream (the queue gate, fair share, ``max_concurrency``) counts the key.
 """
 
 from __future__ import annotations
 
-import hmac
+import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.datastructures import Headers
 
-from ...settings import Settings
+from ...errors import Forbidden, ModelBossError, Unauthorized
+from ...keys import (
+    CURRENT_IDENTITY,
+    Identity,
+    KeyRecord,
+    KeyStore,
+    MinuteWindows,
+    endpoint_kind,
+    kind_in_scope,
+    refusal,
+)
+from ...usage import Spent, day_start, month_start
 
 CLIENT_HEADER = b"x-client-id"
+END_USER_HEADER = b"x-model-boss-end-user"
 
 
 @dataclass(frozen=True, slots=True)
 class KeyCheck:
-    """The outcome for one request: allowed or not, and the client its key names."""
+    """The outcome for one request: allowed or not, and the key it came with."""
 
     allowed: bool
-    client: str | None = None
+    record: KeyRecord | None = None
+    error: ModelBossError | None = None
+
+    @property
+    def client(self) -> str | None:
+        return self.record.name if self.record is not None else None
 
 
 def given_key(headers: Headers) -> str:
@@ -32,28 +51,90 @@ def given_key(headers: Headers) -> str:
     return header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key", "")
 
 
-def check_key(given: str, settings: Settings, *, admin: bool) -> KeyCheck:
-    """Whether ``given`` opens a path (``admin``: an ``/api/*`` route), comparing in constant
-    time against every configured key so the answer's timing says nothing about which."""
-    if admin and settings.admin_api_key:
-        return KeyCheck(_same(given, settings.admin_api_key))
-    if not settings.user_keys_set:
+def check_key(given: str, keys: KeyStore, *, admin: bool, now: float | None = None) -> KeyCheck:
+    """Whether ``given`` opens a path (``admin``: an admin route). Keys are looked up by the
+    SHA-256 of what is given, so the answer's timing says nothing about any secret."""
+    if not keys.enforced:
         return KeyCheck(True)
-    allowed, client = bool(settings.api_key) and _same(given, settings.api_key), None
-    for name, secret in settings.api_keys.items():
-        if _same(given, secret.get_secret_value()):
-            allowed, client = True, name
-    return KeyCheck(allowed, client)
+    record = keys.lookup(given)
+    if not admin and not keys.users_enforced and (record is None or record.revoked):
+        return KeyCheck(True)  # only the admin routes are guarded (``admin_api_key`` alone)
+    if record is None or record.revoked:
+        return KeyCheck(False, error=Unauthorized("missing or invalid API key"))
+    if record.expired(now):
+        return KeyCheck(False, error=Unauthorized(f"the key '{record.name}' has expired",
+                                                  code="key_expired"))
+    if admin and not record.admin:
+        return KeyCheck(False, error=Unauthorized("missing or invalid API key"))
+    return KeyCheck(True, record)
+
+
+def as_key(scope_headers: list[tuple[bytes, bytes]], key: str,
+           ) -> tuple[list[tuple[bytes, bytes]], str | None]:
+    """The request's headers with ``X-Client-Id`` set to the key's name, and the end user
+    the request named in it (if any)."""
+    end_user = None
+    kept = []
+    for name, value in scope_headers:
+        lowered = name.lower()
+        if lowered == CLIENT_HEADER:
+            end_user = value.decode("latin-1")[:200]
+        elif lowered != END_USER_HEADER:
+            kept.append((name, value))
+    return [*kept, (CLIENT_HEADER, key.encode())], end_user
 
 
 def with_client(scope_headers: list[tuple[bytes, bytes]], client: str,
                 ) -> list[tuple[bytes, bytes]]:
     """The request's headers with ``X-Client-Id: client`` added unless it names one itself
-    (an explicit client id, in the header or the body's ``x_client_id``, wins)."""
+    (used where no key decides: a cluster member's forward names its client)."""
     if any(name.lower() == CLIENT_HEADER for name, _ in scope_headers):
         return scope_headers
     return [*scope_headers, (CLIENT_HEADER, client.encode())]
 
 
-def _same(given: str, wanted: str) -> bool:
-    return hmac.compare_digest(given.encode(), wanted.encode())
+class SpentReader(Protocol):
+    """What a key spent since a time (the usage ledger's ``spent``)."""
+
+    def __call__(self, key: str, since: float) -> Spent: ...
+
+
+class Admission:
+    """A key's rates and quotas at the door of an inference route: the scope of its kind of
+    route, then :func:`~model_boss.keys.refusal` over its last minute and what it spent
+    today and this month (the usage ledger's running totals)."""
+
+    def __init__(self, windows: MinuteWindows, spent: SpentReader) -> None:
+        self.windows = windows
+        self.spent = spent
+
+    def admit(self, record: KeyRecord, path: str, now: float | None = None,
+              ) -> ModelBossError | None:
+        now = time.time() if now is None else now
+        profile = record.profile
+        kind = endpoint_kind(path)
+        if not kind_in_scope(profile, kind):
+            return Forbidden(f"the key '{record.name}' may not call {kind} routes (it may "
+                             f"call: {', '.join(profile.endpoints or []) or 'none'})",
+                             code="endpoint_not_allowed")
+        if _limited(profile):
+            minute = self.windows.reading(record.name, now)
+            day, month = (self.spent(record.name, day_start(now)),
+                          self.spent(record.name, month_start(now)))
+            refused = refusal(record.name, profile, now=now, minute=minute, day=day,
+                              month=month)
+            if refused is not None:
+                return refused
+        self.windows.admitted(record.name, now)
+        return None
+
+
+def _limited(profile: object) -> bool:
+    return any(getattr(profile, name) is not None for name in (
+        "requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month",
+        "images_per_day", "audio_seconds_per_day", "gpu_seconds_per_day",
+        "gpu_seconds_per_month"))
+
+
+__all__ = ["CURRENT_IDENTITY", "Admission", "Identity", "KeyCheck", "SpentReader", "as_key",
+           "check_key", "given_key", "with_client"]

@@ -1,0 +1,20 @@
+"""Keys as tenants: who a request is (:mod:`.identity`), the keys the box takes
+(:mod:`.store`, :mod:`.record`), and what a key may do (:mod:`.policy`, :mod:`.windows`)."""
+
+from .identity import CURRENT_IDENTITY, Identity, identity_of, sees, with_identity
+from .policy import (
+    MinuteReading,
+    endpoint_kind,
+    floored_priority,
+    kind_in_scope,
+    model_in_scope,
+    refusal,
+)
+from .record import KeyRecord, hash_secret
+from .store import ADMIN_KEY_NAME, SHARED_KEY_NAME, KeyNotFound, KeyStore
+from .windows import MinuteWindows
+
+__all__ = ["ADMIN_KEY_NAME", "CURRENT_IDENTITY", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
+           "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows", "endpoint_kind",
+           "floored_priority", "hash_secret", "identity_of", "kind_in_scope", "model_in_scope",
+           "refusal", "sees", "with_identity"]

@@ -1,0 +1,118 @@
+"""``model-boss keys create|list|update|rotate|revoke``: the key API from the command line
+(``/api/v1/keys``, an admin key in ``MODEL_BOSS_ADMIN_API_KEY``). ``create`` and ``rotate``
+print the secret alone on their last line, so a script can take it with ``tail -1``.
+Imported by the command line only (it needs httpx)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import httpx
+
+EXAMPLE = "model-boss keys create alice --models 'qwen*' --tokens-per-day 2000000"
+
+# the limit flags: --NAME-WITH-DASHES → the API's field, and its type
+LIMITS: dict[str, type] = {
+    "priority_floor": int, "priority": int, "max_concurrency": int, "max_queued": int,
+    "share": float, "requests_per_minute": int, "tokens_per_minute": int,
+    "tokens_per_day": int, "tokens_per_month": int, "images_per_day": int,
+    "audio_seconds_per_day": float, "gpu_seconds_per_day": float,
+    "gpu_seconds_per_month": float}
+SHOWN = ("name", "prefix", "admin", "models", "endpoints", "expires_at", "revoked_at")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "keys", help="create, list, change, rotate or revoke API keys",
+        description="API keys as tenants: each has a scope (models, kinds of route), limits "
+                    "(rates, quotas) and an expiry. The secret is shown once.",
+        epilog=f"example:\n  {EXAMPLE}\n  model-boss keys revoke alice",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["create", "list", "update", "rotate", "revoke"])
+    parser.add_argument("name", nargs="?", help="the key's name (all but list)")
+    parser.add_argument("--models", help="comma-separated names or globs it may use "
+                        "('qwen*'); '' for none; leave out for every model")
+    parser.add_argument("--endpoints", help="comma-separated kinds it may call: chat, "
+                                            "embeddings, images, audio, rerank")
+    parser.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
+                        help="it may use the admin API")
+    parser.add_argument("--expires-at", help="ISO 8601 (UTC without a zone); 'never' clears")
+    for name, kind in LIMITS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=_limit(kind), metavar="N",
+                            default=argparse.SUPPRESS, help="'none' clears it")
+
+
+def _limit(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        return None if text.lower() in ("none", "null", "off") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def terms(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields the flags given say (a flag left out changes nothing)."""
+    body: dict[str, Any] = {}
+    if args.models is not None:
+        body["models"] = [m for m in args.models.split(",") if m]
+    if args.endpoints is not None:
+        body["endpoints"] = [e for e in args.endpoints.split(",") if e]
+    if args.admin is not None:
+        body["admin"] = args.admin
+    if args.expires_at is not None:
+        body["expires_at"] = None if args.expires_at == "never" else args.expires_at
+    for name in LIMITS:  # given only when its flag was (``none`` clears it)
+        if hasattr(args, name):
+            body[name] = getattr(args, name)
+    return body
+
+
+def run(args: argparse.Namespace, url: str, headers: dict[str, str]) -> int:
+    if args.action != "list" and not args.name:
+        print(f"model-boss: keys {args.action} needs a key name", file=sys.stderr)
+        return 2
+    calls = {"create": ("POST", "/api/v1/keys", {"name": args.name, **terms(args)}),
+             "list": ("GET", "/api/v1/keys", None),
+             "update": ("PATCH", f"/api/v1/keys/{args.name}", terms(args)),
+             "rotate": ("POST", f"/api/v1/keys/{args.name}/rotate", None),
+             "revoke": ("DELETE", f"/api/v1/keys/{args.name}", None)}
+    method, path, body = calls[args.action]
+    try:
+        response = httpx.request(method, url + path, json=body, headers=headers,
+                                 timeout=getattr(args, "timeout", 60.0))
+    except httpx.HTTPError as exc:
+        print(f"model-boss: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        data = response.json()
+    except ValueError:
+        data = {"error": {"message": response.text.strip() or f"HTTP {response.status_code}"}}
+    if response.status_code >= 400:
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else str(error or data)
+        print(f"model-boss: {message}", file=sys.stderr)
+        return 1
+    if args.action == "list":
+        print(format_keys(data.get("keys", [])))
+        return 0
+    print(format_keys([data]))
+    if data.get("key"):  # the secret, alone on the last line: shown this once
+        print(f"the key's secret (shown once, store it now):\n{data['key']}")
+    return 0
+
+
+def format_keys(keys: list[dict[str, Any]]) -> str:
+    """One line a key: name, prefix, scope, limits, expiry or revocation."""
+    rows = [["NAME", "PREFIX", "ADMIN", "MODELS", "ENDPOINTS", "LIMITS", "EXPIRES", "REVOKED"]]
+    for key in keys:
+        limits = ", ".join(f"{name}={key[name]:g}" for name in LIMITS
+                           if key.get(name) is not None)
+        rows.append([key["name"], key.get("prefix") or "-", "yes" if key.get("admin") else "no",
+                     ",".join(key["models"]) if key.get("models") is not None else "*",
+                     ",".join(key["endpoints"]) if key.get("endpoints") is not None else "*",
+                     limits or "-", key.get("expires_at") or "-", key.get("revoked_at") or "-"])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True))
+             for row in rows)
+    return "\n".join(line.rstrip() for line in lines)

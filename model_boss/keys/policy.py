@@ -1,0 +1,112 @@
+"""What a key may do, decided over plain figures: the kind of route a path is, whether a
+key's scope takes a model and a kind, and whether its rates and quotas let one more request
+in. Pure functions; the edge (api/middleware/auth.py) and the serving path apply them."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import ModelBossError, QuotaExceeded, RateLimited
+from ..settings import ClientProfile
+from ..usage.periods import day_start, month_start
+from ..usage.totals import Spent
+
+MINUTE_S = 60.0
+
+
+def endpoint_kind(path: str) -> str:
+    """The kind of route ``path`` is, as a key's ``endpoints`` scope names it."""
+    if "embed" in path:
+        return "embeddings"
+    if "rerank" in path:
+        return "rerank"
+    if "/images/" in path:
+        return "images"
+    if "/audio/" in path:
+        return "audio"
+    return "chat"
+
+
+def model_in_scope(profile: ClientProfile, names: Iterable[str]) -> bool:
+    """Whether any of a model's ``names`` (its id and aliases) matches the key's globs."""
+    globs = profile.allowed_models
+    if globs is None:
+        return True
+    return any(fnmatch.fnmatchcase(name, glob) for name in names for glob in globs)
+
+
+def kind_in_scope(profile: ClientProfile, kind: str) -> bool:
+    return profile.endpoints is None or kind in profile.endpoints
+
+
+def floored_priority(profile: ClientProfile | None, priority: int) -> int:
+    """A priority no more important than the key's floor allows."""
+    floor = profile.priority_floor if profile is not None else None
+    return priority if floor is None else max(priority, floor)
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteReading:
+    """A key's last sliding minute: requests admitted and tokens used, and when each of
+    those (oldest first) happened, so a refusal can say when the window frees."""
+
+    request_times: tuple[float, ...] = ()
+    token_events: tuple[tuple[float, int], ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.token_events)
+
+
+def next_month(now: float) -> float:
+    """Midnight UTC of the first day of the month after ``now``'s."""
+    return month_start(month_start(now) + 32 * 86400)
+
+
+def refusal(name: str, profile: ClientProfile, *, now: float, minute: MinuteReading,
+            day: Spent, month: Spent) -> ModelBossError | None:
+    """Why one more request of the key ``name`` may not start now (a 429 whose Retry-After
+    is when it could), else None. Quotas count what is spent; a request is let in while the
+    spent figure is under the quota, so requests running at once overspend by their own
+    use at most."""
+    p = profile
+    if p.requests_per_minute is not None and len(minute.request_times) >= p.requests_per_minute:
+        # the window frees when the request that fills it is a minute old
+        times = sorted(minute.request_times)
+        frees = times[len(times) - p.requests_per_minute] + MINUTE_S \
+            if p.requests_per_minute else now + MINUTE_S
+        return _rate(name, f"{p.requests_per_minute} requests per minute", frees - now)
+    if p.tokens_per_minute is not None and minute.tokens >= p.tokens_per_minute:
+        left, frees = minute.tokens, now + MINUTE_S
+        for at, n in sorted(minute.token_events):
+            left -= n
+            if left < p.tokens_per_minute:
+                frees = at + MINUTE_S
+                break
+        return _rate(name, f"{p.tokens_per_minute} tokens per minute", frees - now)
+    tomorrow, next_month_at = day_start(now) + 86400, next_month(now)
+    for limit, spent, what, resets in (
+            (p.tokens_per_day, day.tokens, "tokens_per_day", tomorrow),
+            (p.tokens_per_month, month.tokens, "tokens_per_month", next_month_at),
+            (p.images_per_day, day.images, "images_per_day", tomorrow),
+            (p.audio_seconds_per_day, day.audio_seconds, "audio_seconds_per_day", tomorrow),
+            (p.gpu_seconds_per_day, day.gpu_seconds, "gpu_seconds_per_day", tomorrow),
+            (p.gpu_seconds_per_month, month.gpu_seconds, "gpu_seconds_per_month",
+             next_month_at)):
+        if limit is not None and spent >= limit:
+            reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resets))
+            error = QuotaExceeded(
+                f"key '{name}' has used its quota {what}={limit:g} ({spent:g} used); it "
+                f"resets at {reset}", param=what, retry_after_s=max(1.0, resets - now))
+            error.details = {"quota": what, "limit": limit, "used": spent, "resets_at": reset}
+            return error
+    return None
+
+
+def _rate(name: str, limit: str, wait_s: float) -> RateLimited:
+    wait_s = max(1.0, wait_s)
+    return RateLimited(f"key '{name}' is over its rate of {limit}; try again in "
+                       f"{wait_s:.0f}s", retry_after_s=wait_s)
