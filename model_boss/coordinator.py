@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -120,15 +120,30 @@ class Coordinator:
         self._loops: list[asyncio.Task] = []
 
     def used(self, row: UsageRow) -> None:
-        """A finished request's usage: into the ledger, the key's minute and the metrics."""
+        """A finished request's usage: into the ledger (and a cluster's counters), the key's
+        minute and the metrics."""
         self.usage.record(row)
+        if self.cluster is not None:
+            self.cluster.tenancy.add(row)
         if row.key:
             self.key_windows.used(row.key, row.at, row.tokens)
         self.metrics.observe_usage(row)
 
     def usage_spent(self, key: str, since: float) -> Spent:
-        """What ``key`` spent since ``since`` (the ledger's running totals)."""
+        """What ``key`` spent since ``since``: in a cluster, every member's (today's and this
+        month's counters); else this ledger's running totals."""
+        if self.cluster is not None:
+            shared = self.cluster.tenancy.spent(key, since)
+            if shared is not None:
+                return shared
         return self.usage.spent(key, since)
+
+    async def usage_report(self, **question: Any) -> list[dict[str, Any]]:
+        """``GET /api/v1/usage``'s rows: the whole cluster's in a cluster, else this
+        ledger's (the arguments of :meth:`UsageLedger.query`)."""
+        if self.cluster is not None:
+            return await self.cluster.tenancy.query(**question)
+        return await self.usage.query(**question)
 
     def _granted(self, priority: int, waited_s: float) -> None:
         self.metrics.observe_wait(priority, waited_s)
@@ -193,6 +208,7 @@ class Coordinator:
                 self.pool.spares.replenish(kind)
         if self.cluster is not None:
             await self.cluster.start()
+            await self.cluster.tenancy.attach(self.keys, self.usage, self.settings.member_id)
         await self.jobs.start()
         self.live.start()
         self.events.emit("started", gpus=[g.to_dict() for g in self.gpus],

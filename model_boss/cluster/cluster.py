@@ -28,6 +28,7 @@ from .membership import Membership
 from .records import MemberRecord
 from .shared import SharedState
 from .store import ClusterStore
+from .tenants import SharedTenancy
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class Cluster:
         self.host_id = settings.member_id
         self.shared = SharedState(self.store, self.membership, runtime, pool.learned,
                                   sync_every_s=5 * settings.cluster_heartbeat_s)
+        self.tenancy = SharedTenancy(self.store)  # keys and usage, shared
+        self.membership.on_notice("keys", lambda notice: self._spawn(
+            self.tenancy.keys_changed()))
         self._background: set[asyncio.Task] = set()
 
     def on_event(self, event: dict) -> None:
@@ -70,11 +74,13 @@ class Cluster:
     async def start(self) -> None:
         await self.membership.start()
         await self.shared.start()
+        self.tenancy.start()
 
     async def stop(self) -> None:
         for task in list(self._background):
             with contextlib.suppress(BaseException):
                 await task
+        await self.tenancy.stop()
         await self.shared.stop()
         await self.membership.stop()
         await self.forwarder.close()

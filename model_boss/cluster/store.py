@@ -69,6 +69,18 @@ class ClusterStore:
     def _member_key(self, host_id: str) -> str:
         return f"{self.base}:member:{host_id}"
 
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client, for a room of the cluster with its own keys (tenants.py)."""
+        return self._redis
+
+    def unavailable(self, exc: Exception) -> StoreUnavailable:
+        return self._unavailable(exc)
+
+    async def call(self, command: str, *args: Any) -> Any:
+        """One Redis command; StoreUnavailable when Redis cannot answer."""
+        return await self._call(command, *args)
+
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"cluster: Redis at {redact(self.url)} unreachable: {exc}",
                                 retry_after_s=5)

@@ -13,7 +13,7 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,8 @@ class KeyStore:
         self._managed: dict[str, KeyRecord] = {}
         self._by_hash: dict[str, KeyRecord] = {}
         self._lock = asyncio.Lock()
-        self._memory: sqlite3.Connection | None = None
+        # told of every change after it is written here (a cluster writes it through)
+        self.on_saved: Callable[[KeyRecord], Awaitable[None]] | None = None
         self._index()
 
     # -- reading: synchronous, from memory ------------------------------------------------
@@ -86,6 +87,22 @@ class KeyStore:
     def __iter__(self) -> Iterator[KeyRecord]:
         yield from sorted([*self._config.values(), *self._managed.values()],
                           key=lambda r: r.name)
+
+    def managed(self) -> list[KeyRecord]:
+        """The keys made through the API (revoked ones too)."""
+        return list(self._managed.values())
+
+    def adopt(self, records: Iterable[KeyRecord]) -> None:
+        """Take ``records`` as the managed keys (a cluster's, as Redis has them): the newer
+        of each name wins; a config file's key of the same name stays."""
+        managed = dict(self._managed)
+        for record in records:
+            held = managed.get(record.name)
+            if record.name not in self._config and (held is None
+                                                    or held.updated_at <= record.updated_at):
+                managed[record.name] = record
+        self._managed = managed
+        self._index()
 
     @property
     def enforced(self) -> bool:
@@ -166,6 +183,8 @@ class KeyStore:
             await asyncio.to_thread(self._write, record)
         self._managed = {**self._managed, record.name: record}
         self._index()
+        if self.on_saved is not None:
+            await self.on_saved(record)
 
     def _index(self) -> None:
         self._by_hash = {r.secret_hash: r for r in (*self._config.values(),
@@ -196,6 +215,22 @@ class KeyStore:
                        (record.name, record.secret_hash, record.prefix, int(record.admin),
                         record.profile.model_dump_json(exclude_none=True), record.created_at,
                         record.updated_at, record.expires_at, record.revoked_at))
+
+
+def record_to_dict(record: KeyRecord) -> dict[str, Any]:
+    """A managed key as JSON-ready data (its secret's hash, never the secret)."""
+    return {"name": record.name, "secret_hash": record.secret_hash, "prefix": record.prefix,
+            "admin": record.admin, "profile": record.profile.model_dump(exclude_none=True),
+            "created_at": record.created_at, "updated_at": record.updated_at,
+            "expires_at": record.expires_at, "revoked_at": record.revoked_at}
+
+
+def record_from_dict(data: dict[str, Any]) -> KeyRecord:
+    return KeyRecord(str(data["name"]), str(data["secret_hash"]),
+                     ClientProfile.model_validate(data.get("profile") or {}),
+                     admin=bool(data.get("admin")), prefix=str(data.get("prefix", "")),
+                     created_at=float(data["created_at"]), updated_at=float(data["updated_at"]),
+                     expires_at=data.get("expires_at"), revoked_at=data.get("revoked_at"))
 
 
 def _from_row(row: Iterable[Any]) -> KeyRecord:

@@ -24,6 +24,7 @@ import orjson
 from ..catalog.tasks import task_name
 from ..cluster import FORWARDED_HEADER, MemberRecord
 from ..errors import ModelBossError
+from .accounting import who
 from .clustered import forward_body, forward_to
 from .extensions import pop_extensions
 from .serving import effective_priority
@@ -73,15 +74,14 @@ def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
         ext = pop_extensions(body, headers)
     except ModelBossError:
         return None
-    settings = coord.settings
-    client_id = ext.client_id or "anonymous"
-    profile = settings.clients.get(client_id)
+    asker = who(coord, ext, body)
+    profile = asker.profile
     if ext.task is not None or (profile is not None and profile.allowed_models is not None):
         return None
-    priority = effective_priority(settings, ext.priority, profile, manifest=manifest)
+    priority = effective_priority(coord.settings, ext.priority, profile, manifest=manifest)
     body["model"] = manifest.id
     return EarlyForward(route.member, endpoint, manifest.id, forward_body(
-        body, ext, client_id=client_id, priority=priority, budget_s=ext.budget_s))
+        body, ext, client_id=asker.client_id, priority=priority, budget_s=ext.budget_s))
 
 
 async def send_early(coord: Coordinator, early: EarlyForward) -> Served:

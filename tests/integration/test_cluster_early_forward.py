@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 SECRET = "early-forward-secret"
 UPSTREAM_KEY = "upstream-key"
 API_KEY = "client-key"
+WALLED_KEY = "walled-key"
+TEAM_KEY = "team-key"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 MODEL = "cloud:echo"
 
@@ -49,6 +51,7 @@ def members(tmp_path_factory):
                                      "walled": {"allowed_models": ["something-else"]}})):
             servers[host] = ServerProcess(tmp / host, {
                 "redis_url": redis.url, "cluster": True, "host_id": host, "api_key": API_KEY,
+                "api_keys": {"walled": WALLED_KEY, "team": TEAM_KEY},
                 "cluster_heartbeat_s": 0.5, "cluster_member_ttl_s": 2.0, "clients": clients,
                 "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 8192}]}, [manifest],
                 env={"MODEL_BOSS_CLUSTER_SECRET": SECRET, "UPSTREAM_KEY": UPSTREAM_KEY})
@@ -140,16 +143,21 @@ def test_priority_and_client_reach_b(members):
                        timeout=30)
     assert asked.status_code == 200 and asked.headers["x-model-boss-member"] == "b"
     assert metric(b, waits % 3) == before[3] + 1
-    # the client's profile on A gives priority 7; B queues it at 7
+    # the team key's profile on A gives priority 7; B queues it at 7
     profiled = httpx.post(a.url + "/v1/chat/completions", json=chat(),
-                          headers={**AUTH, "x-client-id": "team"}, timeout=30)
+                          headers={"authorization": f"Bearer {TEAM_KEY}"}, timeout=30)
     assert profiled.status_code == 200 and profiled.headers["x-model-boss-member"] == "b"
     assert metric(b, waits % 7) == before[7] + 1
-    # B knows this client as one limited to other models: its refusal comes back through A
-    walled = httpx.post(a.url + "/v1/chat/completions", json=chat(x_client_id="walled"),
-                        headers=AUTH, timeout=30)
-    assert walled.status_code == 403, walled.text
+    # B knows this key as one limited to other models: the model does not exist for it, and
+    # B's refusal comes back through A (the key A let it in with travels with the forward)
+    walled = httpx.post(a.url + "/v1/chat/completions", json=chat(x_client_id="someone"),
+                        headers={"authorization": f"Bearer {WALLED_KEY}"}, timeout=30)
+    assert walled.status_code == 404, walled.text
     assert walled.json()["error"]["param"] == "model"
+    # a client id under the shared key is only an end user's label: it takes no profile
+    labelled = httpx.post(a.url + "/v1/chat/completions", json=chat(x_client_id="walled"),
+                          headers=AUTH, timeout=30)
+    assert labelled.status_code == 200, labelled.text
 
 
 @pytest.mark.parametrize(("body", "status", "code"), [

@@ -77,7 +77,7 @@ async def usage(
     identity = identity_of(request.scope)
     if identity is not None and identity.key is not None and not identity.admin:
         key = identity.key  # a user key sees its own rows, whatever it asked
-    rows = await coordinator_of(request).usage.query(
+    rows = await coordinator_of(request).usage_report(
         start=start, end=end, group_by=groups, key=key, model=model or None,
         endpoint=endpoint or None)
     if format_ == "csv":
