@@ -31,6 +31,7 @@ FILES = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "timeline.js": "text/javascript; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
+    "usage.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 # The page must not be framed or load anything from elsewhere.

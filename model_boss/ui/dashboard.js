@@ -6,6 +6,7 @@
 
 import {startTimePanels} from "/ui/timeline.js";
 import {startPlayground} from "/ui/playground.js";
+import {startUsage} from "/ui/usage.js";
 
 const KEY_STORE = "model-boss-admin-key";    // sessionStorage: this tab only
 const THEME_STORE = "model-boss-theme";      // localStorage: not a secret
@@ -21,6 +22,7 @@ const state = {
 };
 const keyEvents = new EventTarget();
 let timePanels = null;  // the Timeline and Requests panels (timeline.js)
+let usagePanel = null;  // the Usage panel (usage.js)
 
 // ---------------------------------------------------------------- small helpers
 
@@ -683,13 +685,18 @@ function start() {
   $("#config-form").addEventListener("submit", saveConfig);
   $("#event-type").addEventListener("change", renderEvents);
   $("#event-model").addEventListener("input", renderEvents);
-  keyEvents.addEventListener("key", () => { state.config = null; scheduleRefresh(); });
+  keyEvents.addEventListener("key", () => {
+    state.config = null;
+    scheduleRefresh();
+    usagePanel?.refresh();
+  });
   const snapshot = embeddedSnapshot();
   if (snapshot) renderSnapshot(snapshot);
   renderEvents();
   scheduleRefresh();
   timePanels = startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $});
   startPlayground({api, h, $, authHeaders});
+  usagePanel = startUsage({api, h, $, authHeaders, fmtDuration});
   streamEvents();
   setInterval(tick, 1000);
   setInterval(scheduleRefresh, BACKSTOP_MS);

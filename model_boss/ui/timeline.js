@@ -22,7 +22,7 @@ const SVG_NS = (() => {
   return template.content.firstChild.namespaceURI;
 })();
 
-function svg(tag, attrs = {}, ...children) {
+export function svg(tag, attrs = {}, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
   for (const [name, value] of Object.entries(attrs)) {
     if (value !== null && value !== undefined) el.setAttribute(name, String(value));
