@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import ipaddress
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ from .history import History, RequestRing
 from .image_files import ImageFiles
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
-from .keys import KeyStore, MinuteWindows
+from .keys import KeyStore, MinuteWindows, exposure_warning
 from .library import LiveCatalog, Pulls
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
@@ -372,24 +371,6 @@ class Coordinator:
             with contextlib.suppress(Exception):  # an unreadable file has no estimate to show
                 found[entry.manifest.id] = self.pool.estimate(entry).to_dict()
         return found
-
-
-def exposure_warning(settings: Settings) -> str | None:
-    """The warning for a coordinator that listens beyond loopback with no key set."""
-    if settings.user_keys_set or settings.admin_api_key or _loopback(settings.host):
-        return None
-    return (f"listening on {settings.host or 'every address'} without API keys: anyone who "
-            "can reach this port can run models, change the configuration, take GPU leases "
-            "and pull models; set api_keys (or api_key) and admin_api_key")
-
-
-def _loopback(host: str) -> bool:
-    if host.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to any address
 
 
 # how long one phase of a stop before the workers' may take (SIGTERM must stop the daemon)

@@ -1,6 +1,7 @@
 """Keys as tenants: who a request is (:mod:`.identity`), the keys the box takes
 (:mod:`.store`, :mod:`.record`), and what a key may do (:mod:`.policy`, :mod:`.windows`)."""
 
+from .exposure import exposure_warning
 from .identity import CURRENT_IDENTITY, Identity, identity_of, sees, with_identity
 from .policy import (
     MinuteReading,
@@ -16,5 +17,5 @@ from .windows import MinuteWindows
 
 __all__ = ["ADMIN_KEY_NAME", "CURRENT_IDENTITY", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
            "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows", "endpoint_kind",
-           "floored_priority", "hash_secret", "identity_of", "kind_in_scope", "model_in_scope",
-           "refusal", "sees", "with_identity"]
+           "exposure_warning", "floored_priority", "hash_secret", "identity_of",
+           "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]
