@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 # from source again, and pytest would re-rewrite its plugins' asserts in every test process:
 # here that cost the suite about a fifth of its time. Bytecode goes to __pycache__ (ignored).
 unset PYTHONDONTWRITEBYTECODE
-scripts/setup.sh "llama,diffusion,transformers,test"
+# clients: the OpenAI, Anthropic and Ollama clients the end-to-end tests drive (skipped without)
+scripts/setup.sh "llama,diffusion,transformers,test,clients"
 .venv/bin/lint-imports  # the layer contract in pyproject.toml [tool.importlinter]
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
