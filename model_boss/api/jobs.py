@@ -9,9 +9,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..coordinator import Coordinator
+from ..errors import NotFound
 from ..jobs import Job
+from ..keys import identity_of
 from ..scheduling.waiting import queue_place
-from ..services import ENDPOINT_BODIES, accept_job
+from ..services import ENDPOINT_BODIES, accept_job, job_key
 from .context import coordinator_of
 from .errors import OpenAIError, documented
 
@@ -49,7 +51,7 @@ async def list_jobs(request: Request,
                     client_id: str | None = Query(default=None, max_length=200)
                     ) -> dict[str, Any]:
     coord = coordinator_of(request)
-    jobs = await coord.jobs.store.list(client_id)
+    jobs = [j for j in await coord.jobs.store.list(client_id) if _visible(request, j)]
     return {"jobs": [_view(coord, j) for j in sorted(jobs, key=lambda j: j.created_at)]}
 
 
@@ -57,13 +59,30 @@ async def list_jobs(request: Request,
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """The job; while it waits, its ``queue_position`` (1 = next) and ``estimated_start``."""
     coord = coordinator_of(request)
-    return _view(coord, await coord.jobs.get(job_id))
+    return _view(coord, await _own(request, job_id))
 
 
 @router.delete("/api/v1/jobs/{job_id}")
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
+    await _own(request, job_id)
     return _view(coord, await coord.jobs.cancel(job_id))
+
+
+def _visible(request: Request, job: Job) -> bool:
+    """An admin (or a box without keys) sees every job; a user key only the jobs it gave."""
+    identity = identity_of(request.scope)
+    return identity is None or identity.admin or job_key(job) == identity.key
+
+
+async def _own(request: Request, job_id: str) -> Job:
+    """The job ``job_id`` if the caller may see it; another key's job does not exist for
+    it (the same 404 as an unknown id)."""
+    job = await coordinator_of(request).jobs.get(job_id)
+    if not _visible(request, job):
+        raise NotFound(f"job '{job_id}' does not exist (or its result has expired)",
+                       param="job_id")
+    return job
 
 
 def _view(coord: Coordinator, job: Job) -> dict[str, Any]:

@@ -3,7 +3,7 @@ arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette.""
 
 from .cancel import ClientDisconnected, Departure, unless_disconnected
 from .extensions import Extensions, pop_extensions
-from .jobs import accept_job, run_job
+from .jobs import accept_job, job_key, run_job
 from .load_wait import serve_streaming
 from .media.images import FILES_PATH, IMAGES, generate_images
 from .schemas import (
@@ -36,6 +36,7 @@ __all__ = [
     "Served",
     "SpeechRequest",
     "accept_job",
+    "job_key",
     "bad_request",
     "generate_images",
     "parse",

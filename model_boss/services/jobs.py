@@ -20,7 +20,9 @@ from ..backends.sse import sse_data
 from ..errors import BadRequest
 from ..jobs import Job
 from ..jobs.runner import Dispatched, Reported
-from .extensions import pop_extensions
+from ..keys import Identity
+from .accounting import who
+from .extensions import CARRIED_IDENTITY, pop_extensions
 from .media.images import IMAGES, generate_images
 from .schemas import ENDPOINT_BODIES, ImageRequest
 from .served import Served, WorkerCall, openai_stream_end
@@ -53,18 +55,34 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
                          "/api/v1/jobs/{id}), with its tokens so far as its progress; leave "
                          "'stream' out", param="stream", code="stream_not_supported")
     kept = request.model_dump(exclude_unset=True)
+    for name in CARRIED_IDENTITY:  # only this service writes them (below), never a client
+        kept.pop(name, None)
     fields = dict(kept)
     ext = pop_extensions(fields, headers)
     ext.client_id = ext.client_id or client_id or "anonymous"
     await admit(coord, endpoint, fields, ext)
+    asker = who(coord, ext, fields)
+    if asker.keyed:  # the job runs later, as the key it was taken from
+        kept.update(x_key=asker.key, x_end_user=asker.end_user)
+        return kept, asker.key
     return kept, ext.client_id
+
+
+def job_key(job: Job) -> str | None:
+    """The key a job was taken from (None: taken with no keys configured)."""
+    key = job.body.get("x_key")
+    return key if isinstance(key, str) else None
 
 
 async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
                   report: Reported) -> Served:
     body = dict(job.body)
+    key, end_user = job_key(job), body.get("x_end_user")
     ext = pop_extensions(body, {})
     ext.client_id = ext.client_id or job.client_id
+    if key is not None:
+        ext.identity = Identity(key, record=coord.keys.get(key),
+                                end_user=end_user if isinstance(end_user, str) else None)
     ext.request_id = job.id  # its place in the queue is found by the job's id
     if job.endpoint == IMAGES:
         request = parse(ImageRequest, {**body, **ext.extra})

@@ -224,3 +224,37 @@ async def test_the_ledger_records_what_the_clients_were_told(api):
     assert all(r["vram_mb_seconds"] > 0 for r in rows)
     own = (await client.get("/api/v1/usage?group_by=key", headers=alice)).json()["rows"]
     assert [r["key"] for r in own] == ["alice"]  # a user key sees only its own rows
+
+
+async def test_a_key_submits_jobs_and_sees_only_its_own(api):
+    client, coord = api
+    alice = bearer(await make_key(client, "alice", models=["qwen*"]))
+    bob = bearer(await make_key(client, "bob"))
+    job = {"endpoint": "/v1/chat/completions",
+           "body": {"model": "qwen-a", **CHAT, "x_key": "bob"}}  # no key can be claimed
+    submitted = await client.post("/api/v1/jobs", json=job,
+                                  headers={**alice, "x-client-id": "nightly"})
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    outside = await client.post("/api/v1/jobs", headers=alice, json={
+        "endpoint": "/v1/chat/completions", "body": {"model": "llama-c", **CHAT}})
+    assert outside.status_code == 404  # outside its scope: as if it did not exist
+    for _ in range(200):
+        done = (await client.get(f"/api/v1/jobs/{job_id}", headers=alice)).json()
+        if done["status"] == "succeeded":
+            break
+        await asyncio.sleep(0.02)
+    assert done["status"] == "succeeded", done
+    assert (await client.get(f"/api/v1/jobs/{job_id}", headers=bob)).status_code == 404
+    assert (await client.delete(f"/api/v1/jobs/{job_id}", headers=bob)).status_code == 404
+    assert [j["id"] for j in (await client.get("/api/v1/jobs", headers=bob)).json()[
+        "jobs"]] == []
+    assert [j["id"] for j in (await client.get("/api/v1/jobs", headers=alice)).json()[
+        "jobs"]] == [job_id]
+    assert job_id in [j["id"] for j in (await client.get("/api/v1/jobs",
+                                                         headers=ADMIN)).json()["jobs"]]
+    await coord.usage.flush()
+    rows = (await client.get("/api/v1/usage?group_by=key,end_user",
+                             headers=ADMIN)).json()["rows"]
+    assert [(r["key"], r["end_user"], r["requests"]) for r in rows] == [
+        ("alice", "nightly", 1)]  # the job ran as the key it was taken from

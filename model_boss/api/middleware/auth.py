@@ -21,7 +21,9 @@ from .keys import Admission, as_key, check_key, given_key
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = {"/health", "/metrics"}
-USER_API_PATHS = {"/api/v1/usage"}  # under /api/, yet any key may read its own
+# under /api/, yet any key may use them, on its own: its usage, its jobs
+USER_API_PATHS = {"/api/v1/usage"}
+USER_API_PREFIXES = ("/api/v1/jobs",)
 JOBS_PATH = "/api/v1/jobs"
 # The dashboard's static files: no state, no secret; the page asks for a key when the API does.
 OPEN_PREFIXES = ("/ui/",)
@@ -136,10 +138,10 @@ class AuthAndMetrics:
 
 
 def _admin_path(path: str) -> bool:
-    """The admin API: ``/api/*`` but Ollama's data routes and the usage a key reads of its
-    own."""
-    return path.startswith("/api/") and path not in USER_API_PATHS and (
-        not is_ollama_path(path) or path in ADMIN_PATHS)
+    """The admin API: ``/api/*`` but Ollama's data routes, and a key's own usage and jobs."""
+    return path.startswith("/api/") and path not in USER_API_PATHS \
+        and not path.startswith(USER_API_PREFIXES) and (
+            not is_ollama_path(path) or path in ADMIN_PATHS)
 
 
 def _open(path: str) -> bool:
