@@ -53,7 +53,7 @@ async def client():
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(router)
-    app.state.coordinator = SimpleNamespace(usage=ledger)
+    app.state.coordinator = SimpleNamespace(usage=ledger, usage_report=ledger.query)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=AsIdentity(app)),
                                  base_url="http://mb") as http:
         yield http
