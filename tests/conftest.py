@@ -230,6 +230,23 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what=None
     raise AssertionError(f"condition not met within {timeout}s; last seen: {seen!r}")
 
 
+def sse_events(text: str) -> list:
+    """The data of each server-sent event in ``text`` (its lines), JSON decoded but
+    ``[DONE]``; comment lines are left out."""
+    events = [line.removeprefix("data: ") for line in text.splitlines()
+              if line.startswith("data: ")]
+    return [event if event == "[DONE]" else json.loads(event) for event in events]
+
+
+def served_stream(text: str) -> bool:
+    """A chat-completions stream that carried choices and ended in ``[DONE]`` with no error
+    event: a stream cut by a failure ends in ``[DONE]`` too, after an error event."""
+    events = sse_events(text)
+    return (bool(events) and events[-1] == "[DONE]"
+            and not any("error" in event for event in events[:-1])
+            and any(event.get("choices") for event in events[:-1]))
+
+
 def pid_alive(pid: int) -> bool:
     try:
         proc = psutil.Process(pid)
