@@ -272,4 +272,5 @@ async def test_reassert_endpoint_validates(daemon):
     assert full.status_code == 503 and full.json()["error"]["code"] == "lease_unavailable"
     assert "retry-after" in full.headers
     bad_id = await client.put("/api/v1/leases/%20x", json=body)
-    assert bad_id.status_code in (400, 422)
+    assert bad_id.status_code == 400, bad_id.text  # never FastAPI's 422
+    assert bad_id.json()["error"]["type"] == "invalid_request_error", bad_id.text
