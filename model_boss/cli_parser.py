@@ -44,13 +44,30 @@ EXAMPLES = {
     "unload": "model-boss unload smollm2-135m",
     "pin": "model-boss pin smollm2-135m",
     "unpin": "model-boss unpin smollm2-135m",
-    "pull": "model-boss pull hf://bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M",
+    "pull": "model-boss pull hf://bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M\n"
+            "  model-boss pull hf://BAAI/bge-small-en-v1.5   (a transformers model's folder)",
     "rm": "model-boss rm qwen2.5-0.5b-instruct-q4_k_m",
     "reload": "model-boss reload",
     "config": "model-boss config allowCloudFallback=false",
     "leases": "model-boss leases acquire --vram-mb 8000 --kind training --ttl-s 600 "
               "--holder trainer-7",
 }
+
+
+# every source form ``pull`` takes (catalog/hub_source.py parses them), under its --help
+SOURCE_FORMS = """\
+sources:
+  hf://ORG/REPO/FILE.gguf   one GGUF file (the first part of a split one brings every part)
+  hf://ORG/REPO:QUANT       the repository's GGUF of that quantization (Q4_K_M, IQ4_XS, ...),
+                            with its vision projector when it has one
+  hf://ORG/REPO             a GGUF repository: its one GGUF, else the preferred quantization
+                            (Q4_K_M, Q4_K_S, Q4_0, Q5_K_M, Q8_0, F16); a repository with no GGUF
+                            and a config.json (an embedder, reranker, Whisper, a voice): the
+                            folder the transformers worker loads
+  hf.co/ORG/REPO..., huggingface.co/ORG/REPO... and https://huggingface.co/ORG/REPO... are the
+  same sources spelled Ollama's and the browser's way. The daemon pulls from HF_ENDPOINT (its
+  environment) or hf_endpoint (its settings), else huggingface.co; HF_TOKEN for gated repos.
+"""
 
 
 def default_url(environ: Mapping[str, str] = os.environ) -> str:
@@ -93,8 +110,11 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     command("status", "the full status document as JSON")
     for name in ("load", "unload", "pin", "unpin"):
         command(name, f"{name} a model").add_argument("model")
-    command("pull", "fetch a GGUF from the Hugging Face Hub into the models folder: "
-            "hf://ORG/REPO/FILE.gguf or hf://ORG/REPO:QUANT").add_argument("source")
+    pull = command("pull", "fetch a model from the Hugging Face Hub into the models folder "
+                   "and serve it: hf://ORG/REPO/FILE.gguf, hf://ORG/REPO:QUANT, or "
+                   "hf://ORG/REPO (a GGUF repository, or a transformers model's folder)")
+    pull.epilog = SOURCE_FORMS + "\n" + pull.epilog
+    pull.add_argument("source", help="where from (the forms are listed below)")
     command("rm", "delete a discovered or pulled model's files").add_argument("model")
     command("reload", "read manifests, tasks and the models folder again")
     config = command("config", "show or change runtime config")

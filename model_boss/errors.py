@@ -6,6 +6,7 @@ Lower layers (httpx, redis, subprocess) are converted into these at the boundary
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # the Retry-After of a 503 whose cause gave none: a later try may find the model loaded,
@@ -207,3 +208,61 @@ class StoreUnavailable(ModelBossError):
     status_code = 503
     error_type = "server_error"
     code = "store_unavailable"
+
+
+def error_text(body: bytes | str, status: int | None = None) -> str:
+    """An error answer's message on one line, whatever its envelope: OpenAI's and
+    Anthropic's ``{"error": {"message"}}``, Ollama's ``{"error": "..."}``, FastAPI's
+    ``{"detail"}``; else the body's own text, else ``HTTP <status>``. What the command line
+    prints of a daemon's refusal."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    message: Any = None
+    if isinstance(data, dict):
+        error = data.get("error", data.get("detail"))
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, list):  # FastAPI's validation errors
+            message = "; ".join(str(m.get("msg", m)) if isinstance(m, dict) else str(m)
+                                for m in message)
+    line = " ".join(str(message if message else text).split())
+    return line or (f"HTTP {status}" if status else "request failed")
+
+
+# the causes a connection fails for, as a person can act on them (first match wins)
+_NETWORK_REASONS: tuple[tuple[str, str], ...] = (
+    ("gaierror", "name resolution failed (no DNS, or no such host)"),
+    ("ConnectionRefusedError", "connection refused (nothing listens there)"),
+    ("SSLCertVerificationError", "TLS certificate not trusted"),
+    ("SSLError", "TLS handshake failed"),
+    ("ProxyError", "the proxy refused"),
+    ("ConnectTimeout", "timed out connecting"),
+    ("ReadTimeout", "timed out waiting for the answer"),
+    ("TimeoutException", "timed out"),
+    ("TimeoutError", "timed out"),
+    ("UnsupportedProtocol", "not an http:// or https:// URL"),
+    ("InvalidURL", "not a valid URL"),
+    ("RemoteProtocolError", "the connection closed mid-answer"),
+    ("ConnectionResetError", "the connection was reset"),
+    ("NetworkUnreachable", "the network is unreachable"),
+)
+
+
+def network_reason(exc: BaseException) -> str:
+    """Why a connection failed, in words (name resolution, refused, TLS, timeout, ...), from
+    ``exc`` and the exceptions it was raised from; else its type and message."""
+    seen: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in seen and len(seen) < 8:
+        seen.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    names = [klass.__name__ for error in seen for klass in type(error).__mro__]
+    if any(getattr(e, "errno", None) == 101 for e in seen):  # ENETUNREACH
+        names.append("NetworkUnreachable")
+    for name, reason in _NETWORK_REASONS:
+        if name in names:
+            detail = next((str(e) for e in reversed(seen) if str(e)), "")
+            return f"{reason}: {detail}" if detail and name.startswith("SSL") else reason
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -26,16 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadRequest, Forbidden, ModelBossError, ModelNotFound, UpstreamError
+from ..errors import (
+    BadRequest,
+    Forbidden,
+    ModelBossError,
+    ModelNotFound,
+    UpstreamError,
+    network_reason,
+)
 from .discovery import PULLS_FILE, SPLIT, read_pulls, transformers_kind
+from .hub_reach import HubRetries, HubUnavailable, hub_endpoint, unreachable
+from .hub_source import InvalidHubName, PullSource
+from .hub_source import parse_source as parse_source  # where its callers import it from
 from .pull_folder import choose_folder_files, is_folder_repo
 
 Report = Callable[[dict[str, Any]], None]
 # the quantization picked when a repository holds several and the source names none
 PREFERRED_QUANTS = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q5_K_M", "Q8_0", "F16")
-_SOURCE = re.compile(r"^(?:hf://|hf\.co/|huggingface\.co/|https://huggingface\.co/)"
-                     r"(?P<repo>[\w.-]+/[\w.-]+)(?:(?P<file>/[\w./-]+\.gguf)|:(?P<quant>[\w.-]+))?$",
-                     re.IGNORECASE)
 _records = threading.Lock()
 DOWNLOAD_TRIES = 5  # dropped connections in a row (no byte between) before a pull gives up
 
@@ -46,41 +53,10 @@ class PullCancelled(ModelBossError):
     code = "pull_cancelled"
 
 
-class HubUnavailable(ModelBossError):
-    status_code = 503
-    error_type = "server_error"
-    code = "hub_unavailable"
-
-
 class NoRoom(ModelBossError):
     status_code = 507
     error_type = "server_error"
     code = "insufficient_storage"
-
-
-@dataclass(frozen=True, slots=True)
-class PullSource:
-    """``hf://ORG/REPO/FILE.gguf``, ``hf://ORG/REPO:QUANT`` or ``hf://ORG/REPO`` (also
-    ``hf.co/...``, Ollama's spelling)."""
-
-    repo: str
-    filename: str | None = None
-    quant: str | None = None
-
-    def __str__(self) -> str:
-        tail = f"/{self.filename}" if self.filename else f":{self.quant}" if self.quant else ""
-        return f"hf://{self.repo}{tail}"
-
-
-def parse_source(text: str) -> PullSource:
-    match = _SOURCE.match(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise BadRequest(f"cannot pull {text!r}: expected hf://ORG/REPO/FILE.gguf, "
-                         "hf://ORG/REPO:QUANT or hf://ORG/REPO", param="source")
-    file = match["file"][1:] if match["file"] else None
-    if file and any(part in ("", ".", "..") for part in file.split("/")):
-        raise BadRequest(f"cannot pull {text!r}: bad file path", param="source")
-    return PullSource(match["repo"], file, match["quant"])
 
 
 def _has_quant(name: str, quant: str) -> bool:
@@ -122,7 +98,8 @@ def choose_files(files: list[str], source: PullSource) -> list[str]:
     return parts if source.filename else parts + projectors[:1]  # a named file: only it
 
 
-def _hub_error(exc: Exception, source: PullSource) -> ModelBossError:
+def _hub_error(exc: Exception, source: PullSource, endpoint: str,
+               tries: int) -> ModelBossError:
     from huggingface_hub import errors
 
     if isinstance(exc, errors.GatedRepoError):
@@ -132,11 +109,15 @@ def _hub_error(exc: Exception, source: PullSource) -> ModelBossError:
                         errors.EntryNotFoundError)):
         return ModelNotFound(f"not found on the hub: {source} (a private repository needs "
                              "HF_TOKEN)", param="source")
-    if isinstance(exc, errors.HfHubHTTPError) and exc.response is not None \
-            and exc.response.status_code in (401, 403):
-        return Forbidden(f"the hub refused {source}: set HF_TOKEN", param="source")
-    return HubUnavailable(f"the hub could not be reached for {source}: "
-                          f"{type(exc).__name__}", retry_after_s=30)
+    if isinstance(exc, errors.HFValidationError):
+        return InvalidHubName(f"cannot pull {source}: {exc}", param="source")
+    if isinstance(exc, errors.HfHubHTTPError) and exc.response is not None:
+        status = exc.response.status_code
+        if status in (401, 403):
+            return Forbidden(f"the hub refused {source}: set HF_TOKEN", param="source")
+        return HubUnavailable(f"the hub at {endpoint} answered {status} for {source}",
+                              retry_after_s=30)
+    return unreachable(exc, str(source), endpoint, tries)
 
 
 def _digest(etag: str | None) -> str:
@@ -182,24 +163,27 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
     from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.utils import build_hf_headers
 
-    report({"status": "resolving", "source": str(source)})
+    hub = hub_endpoint(endpoint)
+    report({"status": "resolving", "source": str(source), "endpoint": hub})
     try:
-        files = [source.filename] if source.filename else \
-            HfApi(endpoint=endpoint).list_repo_files(source.repo)
-        whole = not (source.filename or source.quant) and is_folder_repo(files)
-        # a folder is fetched into ORG/REPO.partial (discovery does not see it) and named
-        # ORG/REPO once every file is there and verified
-        folder = models_dir / source.repo
-        into = folder.with_name(folder.name + ".partial") if whole else folder
-        wanted = []
-        for name in (choose_folder_files(files) if whole else choose_files(files, source)):
-            meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
-            wanted.append(_File(name, meta.location, meta.size or 0, meta.etag, into / name))
-        headers = build_hf_headers(library_name="model-boss")
+        with HubRetries(report) as retries:
+            files = [source.filename] if source.filename else \
+                HfApi(endpoint=endpoint).list_repo_files(source.repo)
+            whole = not (source.filename or source.quant) and is_folder_repo(files)
+            # a folder is fetched into ORG/REPO.partial (discovery does not see it) and named
+            # ORG/REPO once every file is there and verified
+            folder = models_dir / source.repo
+            into = folder.with_name(folder.name + ".partial") if whole else folder
+            wanted = []
+            for name in (choose_folder_files(files) if whole else choose_files(files, source)):
+                meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
+                wanted.append(_File(name, meta.location, meta.size or 0, meta.etag,
+                                    into / name))
+            headers = build_hf_headers(library_name="model-boss")
     except ModelBossError:
         raise
     except Exception as exc:
-        raise _hub_error(exc, source) from exc
+        raise _hub_error(exc, source, hub, max(1, retries.tries)) from exc
     need_mb = sum(f.size - _size(f.partial) for f in wanted) >> 20
     if _free_mb(models_dir) < need_mb + 64:
         raise NoRoom(f"{source} needs {need_mb} MB; {models_dir} has "
@@ -299,8 +283,11 @@ def _download(file: _File, headers: dict[str, str], report: Report,
             failures += 1
             if failures > DOWNLOAD_TRIES:
                 raise HubUnavailable(f"download of {file.name} interrupted at {have} of "
-                                     f"{file.size} bytes ({type(exc).__name__}); pull again "
-                                     "to resume", retry_after_s=10) from exc
+                                     f"{file.size} bytes ({network_reason(exc)}); pull "
+                                     "again to resume", retry_after_s=10) from exc
+            report({"status": "retrying", "file": file.name, "attempt": failures,
+                    "of": DOWNLOAD_TRIES, "wait_s": 0.2 * failures,
+                    "reason": network_reason(exc)})
             time.sleep(0.2 * failures)
 
 

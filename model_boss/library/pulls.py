@@ -98,7 +98,9 @@ class Pulls:
         pull.last = report
         for queue in pull.followers:
             queue.put_nowait(report)
-        self.events.emit("pull_progress", pull=pull.id, source=str(pull.source), **report)
+        # the pull's id and source win over a report's own (a resolving report names it)
+        self.events.emit("pull_progress", **{**report, "pull": pull.id,
+                                             "source": str(pull.source)})
 
     async def _run(self, pull: Pull) -> dict[str, Any]:
         loop = asyncio.get_running_loop()

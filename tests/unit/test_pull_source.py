@@ -10,6 +10,7 @@ import pytest
 from model_boss.catalog import Catalog
 from model_boss.catalog import pull as pull_module
 from model_boss.catalog.discovery import discover, scan
+from model_boss.catalog.hub_source import InvalidHubName, name_problem
 from model_boss.catalog.pull import (
     NoRoom,
     PullCancelled,
@@ -197,3 +198,52 @@ def test_a_repository_of_no_kind_served_is_refused_before_its_weights(folder_hub
 ])
 def test_the_files_a_folder_pull_takes(files, chosen):
     assert choose_folder_files(files) == chosen
+
+
+@pytest.mark.parametrize(("text", "part"), [
+    ("hf://../../x.gguf", "the org '..'"),
+    ("hf://org/../x.gguf", "the repo '..'"),
+    ("hf.co/-org/repo:Q4_K_M", "the org '-org'"),
+    ("hf://org/repo./x.gguf", "the repo 'repo.'"),
+    ("hf://org/re--po", "the repo 're--po'"),
+    ("hf://org/" + "r" * 97, "the repo 'rrrr"),
+    ("hf://org/repo.git", "the repo 'repo.git'"),
+    ("hf://org/repo/a/../x.gguf", "the file 'a/../x.gguf'"),
+    ("hf://org/repo/x.bin", "the file 'x.bin'"),
+    ("hf://org/repo:Q4*K", "the quantization 'Q4*K'"),
+])
+def test_a_source_with_a_part_the_hub_could_not_have_is_a_400_naming_it(text, part):
+    with pytest.raises(InvalidHubName) as refused:
+        parse_source(text)
+    assert refused.value.status_code == 400 and refused.value.param == "source"
+    assert part in refused.value.message and text.strip() in refused.value.message
+
+
+@pytest.mark.parametrize("name", ["org", "Qwen2.5-0.5B-Instruct-GGUF", "a", "1", "a_b", "A.b",
+                                  "..", "-a", "a-", ".a", "a.", "a--b", "a..b", "a b",
+                                  "x.git", "r" * 96, "r" * 97, "é", ""])
+def test_the_name_rules_are_the_hubs_own(name):
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+        hub_says_ok = bool(name)  # the hub's validator lets "" through as "no repo id"
+    except HFValidationError:
+        hub_says_ok = False
+    assert (name_problem(name) is None) == hub_says_ok, name
+
+
+async def test_a_bad_hub_name_is_a_400_at_once_on_both_pull_routes(tmp_path):
+    from tests.unit.fakes import coordinator, manifest, started_client
+
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000)])
+    with HubStandin() as hub:
+        coord.settings.hf_endpoint = hub.url
+        async with started_client(coord) as client:
+            ollama = await client.post("/api/pull", json={"model": "hf://../../x.gguf"})
+            ours = await client.post("/api/v1/models/pull", json={"source": "hf://../../x.gguf"})
+        assert hub.requests == []  # nothing asked of the hub
+    assert ollama.status_code == ours.status_code == 400
+    assert "the org '..' is not a valid Hugging Face Hub name" in ollama.json()["error"]
+    assert ours.json()["error"]["code"] == "invalid_hub_name"
+    assert "the org '..'" in ours.json()["error"]["message"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ...catalog.pull import parse_source
+from ...catalog.hub_source import InvalidHubName, parse_source
 from ...errors import BadRequest, ModelNotFound
 
 if TYPE_CHECKING:
@@ -21,6 +21,8 @@ def check(coord: Coordinator, name: str | None) -> str:
     if name not in coord.catalog:
         try:
             parse_source(name)
+        except InvalidHubName:  # a hub source with a part the hub could not have: say which
+            raise
         except BadRequest:
             raise ModelNotFound(
                 f"pull model manifest: '{name}' is not served here, and model-boss pulls "
@@ -40,6 +42,9 @@ async def pull_lines(coord: Coordinator, name: str) -> AsyncIterator[dict[str, A
         if status == "downloading":
             yield {"status": f"pulling {report['file']}", "digest": report.get("digest", ""),
                    "total": report["total"], "completed": report["completed"]}
+        elif status == "retrying":  # the hub not reached yet: each retry as it comes
+            yield {"status": f"retrying in {report['wait_s']:g}s (try {report['attempt']} "
+                             f"of {report['of']}): {report.get('reason') or 'no answer'}"}
         elif status == "verifying":
             yield {"status": "verifying sha256 digest"}
         elif status == "placed":
