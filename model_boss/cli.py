@@ -11,11 +11,12 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import httpx
 
 from .cli_parser import build_parser
-from .errors import ConfigError
+from .errors import ConfigError, error_text, network_reason
 from .ps_table import render_ps
 from .simulation import cli as simulate_cli
 
@@ -84,42 +85,69 @@ def _headers() -> dict[str, str]:
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
-def _call(method: str, args: argparse.Namespace, path: str, body: dict | None = None) -> int:
+def _ask(method: str, args: argparse.Namespace, path: str, body: dict | None = None,
+         timeout: float | None = None) -> Any:
+    """The daemon's JSON answer; None (after one line on stderr) when it cannot be reached,
+    refuses, or answers something other than JSON."""
     try:
         response = httpx.request(method, _url(args) + path, json=body, headers=_headers(),
-                                 timeout=args.timeout)
-    except httpx.HTTPError as exc:
-        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
-        return 1
+                                 timeout=args.timeout if timeout is None else timeout)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        print(f"model-boss: cannot reach {_url(args)}: {network_reason(exc)}", file=sys.stderr)
+        return None
+    if response.status_code >= 400:
+        print(f"model-boss: {error_text(response.content, response.status_code)}",
+              file=sys.stderr)
+        return None
     try:
-        print(json.dumps(response.json(), indent=2))
+        return response.json()
     except ValueError:
-        print(response.text)
-    return 0 if response.status_code < 400 else 1
+        print(f"model-boss: {_url(args)}{path} answered something other than JSON "
+              f"(HTTP {response.status_code}): {error_text(response.content)[:200]}",
+              file=sys.stderr)
+        return None
+
+
+def _call(method: str, args: argparse.Namespace, path: str, body: dict | None = None) -> int:
+    data = _ask(method, args, path, body)
+    if data is None:
+        return 1
+    print(json.dumps(data, indent=2))
+    return 0
+
+
+def _unreadable(args: argparse.Namespace, exc: Exception) -> int:
+    """A daemon answered 200 with a document this CLI cannot draw (another version)."""
+    print(f"model-boss: {_url(args)} answered a document this command cannot read "
+          f"({type(exc).__name__}: {exc}); is it a model-boss daemon of this version?",
+          file=sys.stderr)
+    return 1
 
 
 def _ps_cluster(args: argparse.Namespace) -> int:
     from .cli_cluster import format_cluster
 
-    try:
-        data = httpx.get(_url(args) + "/api/v1/cluster", headers=_headers(), timeout=10).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
+    data = _ask("GET", args, "/api/v1/cluster", timeout=10)
+    if data is None:
         return 1
-    print(format_cluster(data))
+    try:
+        print(format_cluster(data))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return _unreadable(args, exc)
     return 0
 
 
 def _ps(args: argparse.Namespace) -> int:
     if args.cluster:
         return _ps_cluster(args)
-    try:
-        data = httpx.get(_url(args) + "/api/v1/status", headers=_headers(), timeout=10).json()
-    except httpx.HTTPError as exc:
-        print(f"model-boss: cannot reach {_url(args)}: {exc}", file=sys.stderr)
+    data = _ask("GET", args, "/api/v1/status", timeout=10)
+    if data is None:
         return 1
-    # the server's clock: countdowns (UNTIL, lease expiry) read right from another host too
-    print(render_ps(data, data.get("time", time.time())))
+    try:
+        # the server's clock: countdowns (UNTIL, lease expiry) read right from another host
+        print(render_ps(data, data.get("time", time.time())))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return _unreadable(args, exc)
     return 0
 
 

@@ -252,7 +252,7 @@ _NETWORK_REASONS: tuple[tuple[str, str], ...] = (
 
 def network_reason(exc: BaseException) -> str:
     """Why a connection failed, in words (name resolution, refused, TLS, timeout, ...), from
-    ``exc`` and the exceptions it was raised from; else its type and message."""
+    ``exc`` and the exceptions it was raised from; else its message (else its type)."""
     seen: list[BaseException] = []
     cause: BaseException | None = exc
     while cause is not None and cause not in seen and len(seen) < 8:
@@ -265,4 +265,4 @@ def network_reason(exc: BaseException) -> str:
         if name in names:
             detail = next((str(e) for e in reversed(seen) if str(e)), "")
             return f"{reason}: {detail}" if detail and name.startswith("SSL") else reason
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return str(exc) or type(exc).__name__

@@ -15,25 +15,30 @@ from typing import Any
 
 import httpx
 
+from .errors import error_text, network_reason
+
 CLEAR = "\x1b[H\x1b[2J"
 FINISHED = ("ready", "failed")
 
 
 def watch(args: argparse.Namespace, url: str, headers: dict[str, str],
           draw_table: Callable[[argparse.Namespace], int]) -> int:
-    """Draw, then redraw on every event until interrupted (Ctrl-C) or the server goes."""
+    """Draw, then redraw on every event until interrupted (Ctrl-C) or the server goes; a
+    refusal or a lost connection is one line on stderr and exit status 1."""
     loads: dict[str, dict[str, Any]] = {}
     try:
-        status = httpx.get(url + "/api/v1/status", headers=headers, timeout=10).json()
+        status = _get(url + "/api/v1/status", headers)
         for slot in status.get("slots", []):
             if slot.get("load_progress"):
                 loads[slot["model"]] = {**slot["load_progress"], "at": time.time()}
-        recent = httpx.get(url + "/api/v1/events?stream=false", headers=headers,
-                           timeout=10).json()["events"]
+        recent = _get(url + "/api/v1/events?stream=false", headers).get("events") or []
         since = recent[-1]["seq"] if recent else 0
-        _draw(args, loads, draw_table)
+        if _draw(args, loads, draw_table) != 0:
+            return 1
         with httpx.stream("GET", f"{url}/api/v1/events?since={since}", headers=headers,
                           timeout=httpx.Timeout(10, read=None)) as stream:
+            if stream.status_code >= 400:
+                raise Refused(error_text(stream.read(), stream.status_code))
             for line in stream.iter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -43,23 +48,49 @@ def watch(args: argparse.Namespace, url: str, headers: dict[str, str],
                         loads.pop(event["model"], None)
                     else:
                         loads[event["model"]] = {**event, "at": time.time()}
-                _draw(args, loads, draw_table)
+                if _draw(args, loads, draw_table) != 0:
+                    return 1
     except KeyboardInterrupt:
         return 0
-    except httpx.HTTPError as exc:
-        print(f"model-boss: lost {url}: {exc}", file=sys.stderr)
+    except Refused as exc:
+        print(f"model-boss: {exc}", file=sys.stderr)
+        return 1
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        print(f"model-boss: lost {url}: {network_reason(exc)}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"model-boss: {url} sent an event this command cannot read "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
         return 1
     return 0
 
 
+class Refused(Exception):
+    """The daemon answered with an error: its message."""
+
+
+def _get(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    response = httpx.get(url, headers=headers, timeout=10)
+    if response.status_code >= 400:
+        raise Refused(error_text(response.content, response.status_code))
+    data = response.json()
+    if not isinstance(data, dict):
+        raise ValueError(f"{url} answered {type(data).__name__}, not an object")
+    return data
+
+
 def _draw(args: argparse.Namespace, loads: dict[str, dict[str, Any]],
-          draw_table: Callable[[argparse.Namespace], int]) -> None:
+          draw_table: Callable[[argparse.Namespace], int]) -> int:
+    """The table and the loads under it; the table's exit status (not 0: it said why)."""
     if sys.stdout.isatty():
         print(CLEAR, end="")
-    draw_table(args)
+    drawn = draw_table(args)
+    if drawn != 0:
+        return drawn
     for model, load in sorted(loads.items()):
         print(loading_line(model, load))
     print(time.strftime("updated %H:%M:%S (Ctrl-C to stop)"), flush=True)
+    return 0
 
 
 def loading_line(model: str, load: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from ..errors import error_text, network_reason
+
 EXAMPLE = "model-boss keys create alice --models 'qwen*' --tokens-per-day 2000000"
 
 # the limit flags: --NAME-WITH-DASHES → the API's field, and its type
@@ -81,17 +83,17 @@ def run(args: argparse.Namespace, url: str, headers: dict[str, str]) -> int:
     try:
         response = httpx.request(method, url + path, json=body, headers=headers,
                                  timeout=getattr(args, "timeout", 60.0))
-    except httpx.HTTPError as exc:
-        print(f"model-boss: cannot reach {url}: {exc}", file=sys.stderr)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        print(f"model-boss: cannot reach {url}: {network_reason(exc)}", file=sys.stderr)
+        return 1
+    if response.status_code >= 400:
+        print(f"model-boss: {error_text(response.content, response.status_code)}",
+              file=sys.stderr)
         return 1
     try:
         data = response.json()
     except ValueError:
-        data = {"error": {"message": response.text.strip() or f"HTTP {response.status_code}"}}
-    if response.status_code >= 400:
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else str(error or data)
-        print(f"model-boss: {message}", file=sys.stderr)
+        print(f"model-boss: {url} answered something other than JSON", file=sys.stderr)
         return 1
     if args.action == "list":
         print(format_keys(data.get("keys", [])))

@@ -5,11 +5,12 @@ ledger does not)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import httpx
+
+from ..errors import error_text, network_reason
 
 EXAMPLE = "model-boss usage --group-by key,day --from 2025-05-01 --to 2025-05-31"
 
@@ -51,11 +52,12 @@ def run(args: argparse.Namespace, url: str, headers: dict[str, str]) -> int:
         response = httpx.get(url + "/api/v1/usage", headers=headers,
                              params={k: v for k, v in params.items() if v is not None},
                              timeout=getattr(args, "timeout", 60.0))
-    except httpx.HTTPError as exc:
-        print(f"model-boss: cannot reach {url}: {exc}", file=sys.stderr)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        print(f"model-boss: cannot reach {url}: {network_reason(exc)}", file=sys.stderr)
         return 1
     if response.status_code >= 400:
-        print(f"model-boss: {_message(response.text)}", file=sys.stderr)
+        print(f"model-boss: {error_text(response.content, response.status_code)}",
+              file=sys.stderr)
         return 1
     if args.csv:
         sys.stdout.write(response.text)
@@ -96,10 +98,3 @@ def _figure(value: Any) -> str:
         return f"{value:,.1f}" if value >= 100 else f"{value:.2f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
-
-def _message(text: str) -> str:
-    try:
-        message = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = text
-    return " ".join(str(message).split()) or "request failed"

@@ -17,14 +17,6 @@ from model_boss.gpu.lease import Lease
 NOW = 1_700_000_000.0
 
 
-class _Answer:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
-
-    def json(self) -> dict[str, Any]:
-        return self.body
-
-
 @pytest.fixture
 def daemon(monkeypatch):
     """A stand-in for the daemon's HTTP answers: ``daemon.status`` is what
@@ -34,11 +26,11 @@ def daemon(monkeypatch):
         status: dict[str, Any] = {}
         urls: list[str] = []
 
-    def get(url: str, **_: Any) -> _Answer:
+    def request(method: str, url: str, **_: Any) -> httpx.Response:
         Daemon.urls.append(url)
-        return _Answer(Daemon.status)
+        return httpx.Response(200, json=Daemon.status)
 
-    monkeypatch.setattr(httpx, "get", get)
+    monkeypatch.setattr(httpx, "request", request)
     return Daemon
 
 
