@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Mapping
 
 from .keys import cli as keys_cli
+from .launch import cli as launch_cli
 from .settings import Settings
 from .simulation import cli as simulate_cli
 from .usage import cli as usage_cli
@@ -32,6 +33,7 @@ examples:
   MODEL_BOSS_PORT=8300 model-boss ps          talk to a daemon on another port
   model-boss keys create alice --models 'qwen*'   a key for one person (secret on the last line)
   model-boss usage --group-by key,day         what each key used today
+  model-boss launch claude --model qwen2.5-coder-7b   Claude Code on a local model
   model-boss ps --help                        one command's options and an example
 """
 
@@ -102,7 +104,7 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     serve.add_argument("--config", help="YAML settings file (or MODEL_BOSS_CONFIG)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int, help="(or MODEL_BOSS_PORT)")
-    ps = command("ps", "GPUs, their leases, and the slots of a running daemon")
+    ps = command("ps", "GPUs, their leases, and every model of a running daemon and its state")
     ps.add_argument("--cluster", action="store_true",
                     help="every member of its cluster and their models")
     ps.add_argument("--watch", action="store_true",
@@ -132,4 +134,5 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     simulate_cli.add_parser(sub)
     keys_cli.add_parser(sub)
     usage_cli.add_parser(sub)
+    launch_cli.add_parser(sub)
     return parser

@@ -67,11 +67,61 @@ def expires(expires_at: float, now: float) -> str:
     return _in(expires_at - now) if expires_at > now else "expired"
 
 
+def size(model: dict[str, Any], slot: dict[str, Any] | None) -> str:
+    """The one SIZE of a model: its VRAM estimate, and what was measured while it was
+    loaded, each labelled ("305 MB est., 195 MB measured"); "-" for one that needs none."""
+    slot = slot or {}
+    estimate = (slot.get("vram_estimate") or model.get("vram_estimate") or {}).get("mb")
+    text = f"{human_size(estimate)} est." if estimate else "-"
+    if slot.get("measured_mb") and slot.get("tier", "disk") != "disk":
+        text += f", {human_size(slot['measured_mb'])} measured"
+    return text
+
+
+def model_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every catalog model (``status["models"]``), with its slot where it has one; a slot
+    whose model left the catalog still shows while it runs. Loaded first, then by name."""
+    slots = {s["model"]: s for s in status.get("slots", [])}
+    models = {m["id"]: m for m in status.get("models", [])}
+    rows = []
+    for name in {*models, *slots}:
+        model, slot = models.get(name, {"id": name}), slots.get(name)
+        state = slot["state"] if slot else "idle"
+        if not model.get("available", True) and state == "idle":
+            state = "unavailable"
+        rows.append({"model": name, "slot": slot, "info": model, "state": state})
+    return sorted(rows, key=lambda r: (r["state"] in ("idle", "unavailable"), r["model"]))
+
+
+def gpu_notes(status: dict[str, Any], leased: dict[int, int]) -> list[str]:
+    """Why FREE is less than CAPACITY - LEASED, per GPU where it is: the reserve kept back
+    (``vram_margin_mb``), and what the driver says others use."""
+    notes = []
+    for g in status["gpus"]:
+        held = leased.get(g["index"], 0)
+        short = g["capacity_mb"] - held - g["free_mb"]
+        if short <= 0:
+            continue
+        reserve = g.get("reserve_mb")
+        parts = [f"{reserve} MB reserve (vram_margin_mb, kept free on every GPU)"] \
+            if reserve else []
+        outside = short - (reserve or 0)
+        if g.get("nvml_free_mb") is not None and outside > 0:
+            parts.append(f"{outside} MB used outside model-boss's leases (the driver says "
+                         f"{g['nvml_free_mb']} MB free)")
+        elif outside > 0 and reserve is not None:
+            parts.append(f"{outside} MB held by leases not listed here")
+        notes.append(f"GPU {g['index']}: FREE = CAPACITY - LEASED - "
+                     + (" - ".join(parts) if parts else f"{short} MB the daemon keeps back"))
+    return notes
+
+
 def render_ps(status: dict[str, Any], now: float) -> str:
-    """GPUs (with where the inventory comes from), every lease on them, and every model's
-    slot. LEASED is the sum of the leases listed under it, so the figures add up; SIZE is the
-    whole model, PROCESSOR where it runs, UNTIL its keep-alive deadline; VRAM MB and FROM are
-    the estimate and its rung (measured, manifest, llama.cpp-fit, file, ...)."""
+    """GPUs (with where the inventory comes from, and what FREE leaves out), every lease on
+    them, and every model in the catalog. LEASED is the sum of the leases listed under it,
+    so the figures add up; SIZE is the model's VRAM estimate (and what was measured once it
+    ran), FROM where the estimate comes from (measured, manifest, llama.cpp-fit, file, ...),
+    PROCESSOR where it runs, UNTIL its keep-alive deadline."""
     leases = lease_rows(status)
     leased: dict[int, int] = {}
     for row in leases:
@@ -80,6 +130,9 @@ def render_ps(status: dict[str, Any], now: float) -> str:
     for g in status["gpus"]:
         lines.append(f"{g['index']:<5}{g['name'][:21]:<22}{g.get('source', '-'):<10}"
                      f"{g['capacity_mb']:>10}{leased.get(g['index'], 0):>10}{g['free_mb']:>10}")
+    notes = gpu_notes(status, leased)
+    if notes:
+        lines += ["", *notes]
     lines.append("")
     lines.append(f"{'LEASE HOLDER':<24}{'KIND':<11}{'FOR':<24}{'GPU':>4}{'MB':>8}  "
                  f"{'EXPIRES':<26}{'ID'}")
@@ -90,19 +143,26 @@ def render_ps(status: dict[str, Any], now: float) -> str:
     if not leases:
         lines.append("(no leases)")
     lines.append("")
-    lines.append(f"{'MODEL':<24}{'STATE':<11}{'SIZE':>9}  {'PROCESSOR':<27}{'UNTIL':<20}"
-                 f"{'VRAM MB':>8} {'FROM':<14}{'PID':>8}{'ACTIVE':>7}")
-    for s in status["slots"]:
-        est = s.get("vram_estimate") or {}
-        size = (s.get("processor") or {}).get("size_mb") or est.get("mb")
-        lines.append(f"{s['model'][:23]:<24}{s['state']:<11}{human_size(size):>9}  "
+    lines.append(f"{'MODEL':<24}{'STATE':<12}{'SIZE':<29}{'FROM':<15}{'PROCESSOR':<27}"
+                 f"{'UNTIL':<20}{'PID':>8}{'ACTIVE':>7}")
+    rows = model_rows(status)
+    for row in rows:
+        s = row["slot"] or {}
+        est = s.get("vram_estimate") or row["info"].get("vram_estimate") or {}
+        lines.append(f"{row['model'][:23]:<24}{row['state'][:11]:<12}"
+                     f"{size(row['info'], row['slot'])[:28]:<29}{est.get('rung', '-')[:14]:<15}"
                      f"{processor(s)[:26]:<27}{until(s, now)[:19]:<20}"
-                     f"{est.get('mb', '-'):>8} {est.get('rung', '-'):<14}"
                      f"{s.get('pid') or '-':>8}{s.get('active_requests', 0):>7}")
+    if not rows:
+        lines.append("(no models: put a GGUF in the models folder, or model-boss pull one)")
+    why = [f"{r['model']}: {r['info'].get('unavailable_reason')}" for r in rows
+           if r["state"] == "unavailable" and r["info"].get("unavailable_reason")]
     kept = [f"{s['model']} {s['prompt_cache']['files']} saved "
             f"({human_size(s['prompt_cache']['mb'])}, restored {s['prompt_cache']['restores']}x)"
             for s in status["slots"] if (s.get("prompt_cache") or {}).get("files")]
     lines.append("")
+    if why:
+        lines.append("unavailable: " + "; ".join(why))
     if kept:
         lines.append("prompt caches: " + "; ".join(kept))
     lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}")

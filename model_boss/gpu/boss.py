@@ -149,7 +149,7 @@ class GPUBoss:
                 except Exception as exc:
                     log.warning("NVML free-memory read failed on GPU %d: %s", g.index, exc)
             result.append(GPUUsage(g.index, g.name, g.vram_mb, leased.get(g.index, 0),
-                                   max(0, free), nvml_free, g.source))
+                                   max(0, free), nvml_free, g.source, self.margin_mb))
         return result
 
     async def free_mb(self) -> dict[int, int]:

@@ -87,6 +87,7 @@ class GPUUsage:
     free_mb: int  # effective: min(capacity - leased - margin, NVML free - margin), >= 0
     nvml_free_mb: int | None
     source: str
+    reserve_mb: int = 0  # kept back from every lease (vram_margin_mb): FREE leaves it out
 
     def to_dict(self) -> dict:
         return {
@@ -97,4 +98,5 @@ class GPUUsage:
             "free_mb": self.free_mb,
             "nvml_free_mb": self.nvml_free_mb,
             "source": self.source,
+            "reserve_mb": self.reserve_mb,
         }
