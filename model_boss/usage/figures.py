@@ -18,7 +18,13 @@ _NAMES = {
     b"cached_tokens": "cached_tokens", b"cache_read_input_tokens": "cached_tokens",
     b"tokens_cached": "cached_tokens",
 }
-_FIGURE = re.compile(rb'"(' + b"|".join(_NAMES) + rb')"\s*:\s*(\d+)')
+# figures that only add to another: Anthropic's input_tokens leave out what was read from or
+# written to the prompt cache (OpenAI's prompt_tokens include it); llama.cpp's timings say
+# the prompt tokens it evaluated (prompt_n) apart from those it took from its cache (cache_n)
+_PARTS = (b"cache_creation_input_tokens", b"prompt_n", b"cache_n")
+# the prompt's whole count, where an answer says it
+_PROMPT = frozenset(name for name, field in _NAMES.items() if field == "prompt_tokens")
+_FIGURE = re.compile(rb'"(' + b"|".join((*_NAMES, *_PARTS)) + rb')"\s*:\s*(\d+)')
 _IMAGE = re.compile(rb'"b64_json"\s*:')
 # a transcription's usage: {"type": "duration", "seconds": N}, or the verbose "duration"
 _AUDIO = re.compile(rb'"(?:seconds|duration)"\s*:\s*(\d+(?:\.\d+)?)')
@@ -36,10 +42,24 @@ class Figures:
     audio_seconds: float = 0.0
 
     def read(self, data: bytes) -> None:
-        """Take the token counts ``data`` states (each the last one it states)."""
+        """Take the token counts ``data`` states (each the last one it states). The prompt
+        counts as OpenAI's ``prompt_tokens`` do, what came from a prompt cache included:
+        Anthropic's input tokens plus its cache reads and writes, or llama.cpp's timings
+        (a stream that asked for no usage) where nothing else says it."""
         if b"_tokens" in data or b"_count" in data or b"_n\"" in data or b"tokens_" in data:
+            said: dict[bytes, int] = {}
             for name, value in _FIGURE.findall(data):
-                setattr(self, _NAMES[name], int(value))
+                said[name] = int(value)
+                if name in _NAMES:
+                    setattr(self, _NAMES[name], int(value))
+            if b"input_tokens" in said:
+                self.prompt_tokens = (said[b"input_tokens"]
+                                      + said.get(b"cache_read_input_tokens", 0)
+                                      + said.get(b"cache_creation_input_tokens", 0))
+            elif b"prompt_n" in said and not _PROMPT.intersection(said):
+                self.prompt_tokens = said[b"prompt_n"] + said.get(b"cache_n", 0)
+                if b"cache_n" in said and not said.keys() & {b"cached_tokens", b"tokens_cached"}:
+                    self.cached_tokens = said[b"cache_n"]
 
     def read_images(self, data: bytes) -> None:
         """Count the images a whole images answer carries."""
