@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ModelBossError, QuotaExceeded, RateLimited
@@ -51,13 +51,18 @@ def floored_priority(profile: ClientProfile | None, priority: int) -> int:
 @dataclass(frozen=True, slots=True)
 class MinuteReading:
     """A key's last sliding minute: requests admitted and tokens used, and when each of
-    those (oldest first) happened, so a refusal can say when the window frees."""
+    those (oldest first) happened, so a refusal can say when the window frees.
+    ``token_total`` is the tokens' sum where the reader keeps it (the windows do: a minute
+    at a thousand requests a second is 60,000 events, too many to add up per request)."""
 
-    request_times: tuple[float, ...] = ()
-    token_events: tuple[tuple[float, int], ...] = ()
+    request_times: Sequence[float] = ()
+    token_events: Sequence[tuple[float, int]] = ()
+    token_total: int | None = None
 
     @property
     def tokens(self) -> int:
+        if self.token_total is not None:
+            return self.token_total
         return sum(n for _, n in self.token_events)
 
 

@@ -12,6 +12,7 @@ from .row import UsageRow
 # margin before old hours are let go
 KEPT_S = 31 * 86400
 PRUNE_AFTER_S = KEPT_S + 86400
+HOURS_A_DAY = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,53 +37,62 @@ class _Bucket:
         self.audio_seconds = 0.0
         self.gpu_seconds = 0.0
 
+    def add(self, requests: int, tokens: int, images: int, audio_seconds: float,
+            gpu_seconds: float) -> None:
+        self.requests += requests
+        self.tokens += tokens
+        self.images += images
+        self.audio_seconds += audio_seconds
+        self.gpu_seconds += gpu_seconds
+
 
 class HourlyTotals:
-    """Per-key, per-hour sums. ``spent(key, since)`` counts whole hours: the hour holding
-    ``since`` is counted in full (day and month starts fall on an hour, so those are exact;
-    anything else errs towards more spent, never less)."""
+    """Per-key, per-hour sums, and per-key, per-day sums of those hours. ``spent(key,
+    since)`` counts whole hours: the hour holding ``since`` is counted in full (day and month
+    starts fall on an hour, so those are exact; anything else errs towards more spent, never
+    less). It adds whole days, and the hours before the first of them: asked twice on every
+    keyed request, it reads at most 32 days and 23 hours, not the 744 hours of a month."""
 
     def __init__(self) -> None:
         self._keys: dict[str, dict[int, _Bucket]] = {}
+        self._days: dict[str, dict[int, _Bucket]] = {}
         self._pruned_hour = 0
 
     def add(self, row: UsageRow) -> None:
         hour = hour_of(row.at)
-        buckets = self._keys.get(row.key)
-        if buckets is None:
-            buckets = self._keys[row.key] = {}
-        bucket = buckets.get(hour)
-        if bucket is None:
-            bucket = buckets[hour] = _Bucket()
-            if hour > self._pruned_hour:
-                self._prune(hour)
-        bucket.requests += 1
-        bucket.tokens += row.prompt_tokens + row.completion_tokens
-        bucket.images += row.images
-        bucket.audio_seconds += row.audio_seconds
-        bucket.gpu_seconds += row.gpu_seconds
+        if hour > self._pruned_hour:
+            self._prune(hour)
+        self._add(row.key, hour, 1, row.prompt_tokens + row.completion_tokens, row.images,
+                  row.audio_seconds, row.gpu_seconds)
 
     def seed(self, key: str, hour: int, spent: Spent) -> None:
         """Add what the database holds for ``key`` in ``hour`` (at start)."""
-        bucket = self._keys.setdefault(key, {}).setdefault(hour, _Bucket())
-        bucket.requests += spent.requests
-        bucket.tokens += spent.tokens
-        bucket.images += spent.images
-        bucket.audio_seconds += spent.audio_seconds
-        bucket.gpu_seconds += spent.gpu_seconds
+        self._add(key, hour, spent.requests, spent.tokens, spent.images, spent.audio_seconds,
+                  spent.gpu_seconds)
 
     def spent(self, key: str, since: float) -> Spent:
         first = hour_of(since)
-        requests = tokens = images = 0
-        audio = gpu = 0.0
-        for hour, bucket in self._keys.get(key, {}).items():
-            if hour >= first:
-                requests += bucket.requests
-                tokens += bucket.tokens
-                images += bucket.images
-                audio += bucket.audio_seconds
-                gpu += bucket.gpu_seconds
-        return Spent(requests, tokens, images, audio, gpu)
+        first_day = -(-first // HOURS_A_DAY)  # the first day that starts at or after it
+        whole_from = first_day * HOURS_A_DAY
+        hours = self._keys.get(key, {})
+        counted = [hours[h] for h in range(first, whole_from) if h in hours]
+        counted += [b for day, b in self._days.get(key, {}).items() if day >= first_day]
+        return Spent(sum(b.requests for b in counted), sum(b.tokens for b in counted),
+                     sum(b.images for b in counted),
+                     sum(b.audio_seconds for b in counted),
+                     sum(b.gpu_seconds for b in counted))
+
+    def _add(self, key: str, hour: int, requests: int, tokens: int, images: int,
+             audio_seconds: float, gpu_seconds: float) -> None:
+        """Add to the hour's sums and to its day's."""
+        for buckets, at in ((self._keys, hour), (self._days, hour // HOURS_A_DAY)):
+            of_key = buckets.get(key)
+            if of_key is None:
+                of_key = buckets[key] = {}
+            bucket = of_key.get(at)
+            if bucket is None:
+                bucket = of_key[at] = _Bucket()
+            bucket.add(requests, tokens, images, audio_seconds, gpu_seconds)
 
     def _prune(self, hour: int) -> None:
         # once per new hour: let go of hours older than any quota period looks at
@@ -92,5 +102,10 @@ class HourlyTotals:
             buckets = self._keys[key]
             for old in [h for h in buckets if h < oldest]:
                 del buckets[old]
+            days = self._days.get(key, {})
+            for old in [d for d in days if d < oldest // HOURS_A_DAY]:
+                del days[old]
             if not buckets:
                 del self._keys[key]
+                self._days.pop(key, None)
+
