@@ -12,7 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
-from ..errors import BadRequest
+from ..catalog import CatalogEntry
+from ..errors import BadRequest, ModelBossError, ModelNotFound
 from ..keys import identity_of, sees
 from ..services import (
     FILES_PATH,
@@ -31,6 +32,7 @@ from ..services.media.audio import TRANSCRIPTIONS, TRANSLATIONS, Upload, transcr
 from ..services.redact import redact
 from ..services.schemas import OpenAIRequest, RerankRequest
 from ..slots.slot import SlotState
+from . import anthropic
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OpenAIError, documented
 
@@ -51,25 +53,59 @@ UPLOAD_FORM: dict[str, Any] = {"requestBody": {"required": True, "content": {
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
-async def list_models(request: Request) -> dict[str, Any]:
+async def list_models(request: Request, limit: int = 20, after_id: str | None = None,
+                      before_id: str | None = None) -> Any:
+    """Every model the key may use (aliases answer too). With ``anthropic-version`` (sent by
+    Anthropic's SDK), Anthropic's model list instead, paged by ``limit``, ``after_id`` and
+    ``before_id`` (which OpenAI's list does not take)."""
     coord = coordinator_of(request)
+    if anthropic.speaks_anthropic(request.headers):
+        infos = [anthropic.model_info(e.manifest, coord.started_at) for e in _seen(request)]
+        try:
+            return anthropic.models_page(infos, limit, after_id, before_id)
+        except ModelBossError as exc:
+            return anthropic.anthropic_error(exc)
+    return {"object": "list", "data": [_model_card(request, e) for e in _seen(request)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}", include_in_schema=False)
+async def retrieve_model(request: Request, model_id: str) -> Any:
+    """One model by its id or an alias (its own id answers): ``models.retrieve`` of OpenAI's
+    client, or of Anthropic's with ``anthropic-version``. A model outside the key's scope is
+    a 404, as one that does not exist."""
+    coord = coordinator_of(request)
+    entry = coord.catalog.find(model_id)
+    if entry is None or not sees(identity_of(request.scope), entry.manifest.names):
+        error = ModelNotFound(f"The model '{model_id}' does not exist", param="model")
+        if anthropic.speaks_anthropic(request.headers):
+            return anthropic.anthropic_error(error)
+        raise error
+    if anthropic.speaks_anthropic(request.headers):
+        return anthropic.model_info(entry.manifest, coord.started_at)
+    return _model_card(request, entry)
+
+
+def _seen(request: Request) -> list[CatalogEntry]:
+    """The catalog's models the caller's key may use (the rest are as if they did not exist)."""
     identity = identity_of(request.scope)
-    data = []
-    for entry in coord.catalog:
-        m = entry.manifest
-        if not sees(identity, m.names):  # outside the key's scope: as if it did not exist
-            continue
-        slot = coord.pool.slots.get(m.id)
-        data.append({
-            "id": m.id, "object": "model", "created": int(coord.started_at),
-            "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
-            "backend": str(m.backend), "source": m.source, "available": entry.available,
-            "unavailable_reason": redact(entry.unavailable_reason)
-            if entry.unavailable_reason else None,
-            "state": str(slot.state) if slot else str(SlotState.IDLE),
-            "pinned": slot.pinned if slot else m.pin,
-        })
-    return {"object": "list", "data": data}
+    return [entry for entry in coordinator_of(request).catalog
+            if sees(identity, entry.manifest.names)]
+
+
+def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
+    """A model as OpenAI's ``/v1/models`` lists it, with model-boss's own fields."""
+    coord, m = coordinator_of(request), entry.manifest
+    slot = coord.pool.slots.get(m.id)
+    return {
+        "id": m.id, "object": "model", "created": int(coord.started_at),
+        "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
+        "backend": str(m.backend), "source": m.source, "available": entry.available,
+        "unavailable_reason": redact(entry.unavailable_reason)
+        if entry.unavailable_reason else None,
+        "state": str(slot.state) if slot else str(SlotState.IDLE),
+        "pinned": slot.pinned if slot else m.pin,
+    }
 
 
 async def serve_body(request: Request, endpoint: str, body: OpenAIRequest) -> Response:
