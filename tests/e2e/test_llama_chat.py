@@ -54,6 +54,19 @@ def test_stream_yields_chunks_in_order(client):
     assert "".join(pieces).strip()
 
 
+def test_the_fingerprint_is_the_llama_cpp_build_not_b0_unknown(client):
+    """The xllamacpp wheel's server says ``b0-unknown``: answers carry the wheel's build."""
+    import importlib.metadata
+
+    build = "xllamacpp-" + importlib.metadata.version("xllamacpp")
+    ask = {"model": "smol", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi."}]}
+    assert client.chat.completions.create(**ask).system_fingerprint == build
+    assert {c.system_fingerprint for c in client.chat.completions.create(**ask, stream=True)} \
+        == {build}
+    assert client.completions.create(model="smol", prompt="Hi", max_tokens=4) \
+        .system_fingerprint == build
+
+
 def test_stream_is_not_buffered(server):
     """Chunks arrive as the worker makes them: the first well before the last."""
     body = {"model": "smol", "stream": True, "max_tokens": 64, "ignore_eos": True,

@@ -26,6 +26,7 @@ from ...gpu.placement import Placement
 from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
 from .collect import as_stream, collectable, gather
+from .fingerprint import rewrite, rewrite_stream
 from .prompt_cache import PromptCache
 from .report import parse_metrics, server_report
 
@@ -141,9 +142,23 @@ class LlamaCppServerBackend(LlamaServerBackend):
         server stops a stream whose caller went away, but not a whole answer
         (:mod:`.llama_collect`)."""
         if stream or not collectable(endpoint, body):
-            return await super().handle_request(endpoint, body, stream)
+            return self.fingerprinted(await super().handle_request(endpoint, body, stream))
         upstream = await super().handle_request(endpoint, as_stream(endpoint, body), True)
-        return await gather(endpoint, upstream, self.manifest.id)
+        return await gather(endpoint, self.fingerprinted(upstream), self.manifest.id)
+
+    def llama_build(self) -> str | None:
+        """The llama.cpp build, for answers whose server says only ``b0-unknown``; None: not
+        known here (the field is then null)."""
+        return None
+
+    def fingerprinted(self, upstream: UpstreamResponse) -> UpstreamResponse:
+        """``upstream`` with an unknown ``system_fingerprint`` told (:mod:`.fingerprint`)."""
+        build = self.llama_build()
+        if upstream.stream is not None:
+            upstream.stream = rewrite_stream(upstream.stream, build)
+        elif upstream.body:
+            upstream.body = rewrite(upstream.body, build)
+        return upstream
     # llama.cpp's server says when it starts on the weights and when they are in (the
     # threadpool comes up right before its warm-up run); its /health says only "Loading
     # model" until the end, so no fraction
@@ -230,6 +245,12 @@ class NativeLlamaBackend(LlamaCppServerBackend):
             return "xllamacpp " + importlib.metadata.version("xllamacpp")
         except importlib.metadata.PackageNotFoundError:
             return "unknown"
+
+    def llama_build(self) -> str | None:
+        """The wheel's version: it pins the llama.cpp it was built from (whose own build
+        number and commit the wheel leaves at ``b0-unknown``)."""
+        built = self.build_id()
+        return None if built == "unknown" else built.replace(" ", "-")
 
 
 class BinaryLlamaBackend(LlamaCppServerBackend):
