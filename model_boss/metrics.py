@@ -71,7 +71,7 @@ class Metrics:
         self.usage_images = Counter("model_boss_usage_images_total", "Images made, by key",
                                     ["key", "model"], registry=self.registry)
         self.usage_audio_seconds = Counter("model_boss_usage_audio_seconds_total",
-                                           "Seconds of audio made or heard, by key",
+                                           "Seconds of audio heard (transcriptions), by key",
                                            ["key", "model"], registry=self.registry)
 
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:

@@ -108,13 +108,19 @@ def format_keys(keys: list[dict[str, Any]]) -> str:
     """One line a key: name, prefix, scope, limits, expiry or revocation."""
     rows = [["NAME", "PREFIX", "ADMIN", "MODELS", "ENDPOINTS", "LIMITS", "EXPIRES", "REVOKED"]]
     for key in keys:
-        limits = ", ".join(f"{name}={key[name]:g}" for name in LIMITS
+        limits = ", ".join(f"{name}={_figure(key[name])}" for name in LIMITS
                            if key.get(name) is not None)
         rows.append([key["name"], key.get("prefix") or "-", "yes" if key.get("admin") else "no",
-                     ",".join(key["models"]) if key.get("models") is not None else "*",
+                     (",".join(key["models"]) or "(none)") if key.get("models") is not None
+                     else "*",
                      ",".join(key["endpoints"]) if key.get("endpoints") is not None else "*",
                      limits or "-", key.get("expires_at") or "-", key.get("revoked_at") or "-"])
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True))
              for row in rows)
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _figure(value: float) -> str:
+    """2000000 as 2000000 (not 2e+06), 0.5 as 0.5."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import BadRequest, Conflict, NotFound
 from ..settings import ClientProfile, Settings
-from .record import CONFIG, MANAGED, KeyRecord, hash_secret, new_secret
+from .record import CONFIG, MANAGED, SECRET_PREFIX, KeyRecord, hash_secret, new_secret
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 SHARED_KEY_NAME = "default"  # the config file's one shared ``api_key``
@@ -138,6 +138,11 @@ class KeyStore:
                                + (" in the config file" if existing.source == CONFIG else
                                   "; rotate or change it instead"), param="name",
                                code="key_exists")
+            if not admin and not self.has_admin():
+                raise BadRequest(
+                    "no key can use the admin API yet: make this first key an admin one "
+                    "(admin: true, --admin) or set admin_api_key; else the key API would "
+                    "lock itself out", param="admin", code="admin_key_first")
             secret = new_secret()
             record = KeyRecord(name, hash_secret(secret), profile, admin=admin,
                                prefix=_prefix(secret), expires_at=expires_at)
@@ -148,6 +153,8 @@ class KeyStore:
         """Change a managed key's ``profile``, ``admin`` or ``expires_at``."""
         async with self._lock:
             record = self._managed_named(name)
+            if changes.get("admin") is False:
+                self._not_the_last_admin(record)
             updated = record.changed(**changes)
             await self._save(updated)
             return updated
@@ -165,9 +172,20 @@ class KeyStore:
         """Stop a managed key: refused from its next request on (kept, listed as revoked)."""
         async with self._lock:
             record = self._managed_named(name)
+            self._not_the_last_admin(record)
             updated = record.changed(revoked_at=record.revoked_at or time.time())
             await self._save(updated)
             return updated
+
+    def has_admin(self, *, but: str | None = None) -> bool:
+        """Whether some key (other than ``but``) opens the admin API."""
+        return any(r.admin and not r.revoked and r.name != but for r in self)
+
+    def _not_the_last_admin(self, record: KeyRecord) -> None:
+        if record.admin and not self.has_admin(but=record.name):
+            raise BadRequest(f"'{record.name}' is the last key that can use the admin API: "
+                             "make another admin key first (or set admin_api_key)",
+                             param="name", code="last_admin_key")
 
     def _managed_named(self, name: str) -> KeyRecord:
         record = self.get(name)
@@ -252,4 +270,7 @@ class _closing:
 
 
 def _prefix(secret: str) -> str:
-    return secret[:7] + "…"
+    """The start of a secret shown in lists: a managed key's prefix and 4 random characters
+    (enough to tell keys apart); of a config file's key, 3 characters."""
+    shown = 7 if secret.startswith(SECRET_PREFIX) else 3
+    return secret[:shown] + "…"

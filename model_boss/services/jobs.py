@@ -17,10 +17,10 @@ import orjson
 from ..backends.base import UpstreamResponse
 from ..backends.llama.collect import as_stream, collectable, gather
 from ..backends.sse import sse_data
-from ..errors import BadRequest
+from ..errors import BadRequest, Forbidden
 from ..jobs import Job
 from ..jobs.runner import Dispatched, Reported
-from ..keys import Identity
+from ..keys import Identity, endpoint_kind, kind_in_scope
 from .accounting import who
 from .extensions import CARRIED_IDENTITY, pop_extensions
 from .media.images import IMAGES, generate_images
@@ -62,6 +62,10 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
     ext.client_id = ext.client_id or client_id or "anonymous"
     await admit(coord, endpoint, fields, ext)
     asker = who(coord, ext, fields)
+    if asker.profile is not None and asker.keyed and not kind_in_scope(
+            asker.profile, endpoint_kind(endpoint)):
+        raise Forbidden(f"the key '{asker.key}' may not call {endpoint_kind(endpoint)} "
+                        "routes", code="endpoint_not_allowed")
     if asker.keyed:  # the job runs later, as the key it was taken from
         kept.update(x_key=asker.key, x_end_user=asker.end_user)
         return kept, asker.key

@@ -235,6 +235,8 @@ class UsageLedger:
             conn = self._connect(self._target())
             try:
                 schema.create(conn)
+                if self.path is not None:  # who used what is no one else's business
+                    self.path.chmod(0o600)
             except BaseException:
                 conn.close()
                 raise

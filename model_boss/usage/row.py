@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 # how a request ended
-OUTCOMES = ("ok", "failed", "cancelled", "refused", "lost")
+OUTCOMES = ("ok", "failed", "cancelled", "refused")
 
 # the figures a row adds up (in every ``group_by`` answer, summed)
 SUMMED = ("prompt_tokens", "completion_tokens", "cached_tokens", "images", "steps",

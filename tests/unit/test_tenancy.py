@@ -258,3 +258,41 @@ async def test_a_key_submits_jobs_and_sees_only_its_own(api):
                              headers=ADMIN)).json()["rows"]
     assert [(r["key"], r["end_user"], r["requests"]) for r in rows] == [
         ("alice", "nightly", 1)]  # the job ran as the key it was taken from
+
+
+async def test_the_first_key_of_a_box_without_an_admin_is_an_admin(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("qwen-a", 1000)])
+    async with started_client(coord) as client:
+        first = await client.post("/api/v1/keys", json={"name": "alice"})
+        assert first.status_code == 400, first.text  # it would lock the key API away
+        assert first.json()["error"]["code"] == "admin_key_first"
+        root = await client.post("/api/v1/keys", json={"name": "root", "admin": True})
+        assert root.status_code == 201
+        admin = bearer(root.json()["key"])
+        assert (await client.get("/api/v1/keys")).status_code == 401  # keys now enforced
+        alice = await client.post("/api/v1/keys", json={"name": "alice"}, headers=admin)
+        assert alice.status_code == 201
+        last = await client.delete("/api/v1/keys/root", headers=admin)
+        assert last.status_code == 400 and last.json()["error"]["code"] == "last_admin_key"
+        demoted = await client.patch("/api/v1/keys/root", json={"admin": False},
+                                     headers=admin)
+        assert demoted.status_code == 400
+
+
+async def test_a_job_is_checked_against_the_kind_of_route_it_runs(api):
+    client, _ = api
+    embedder = bearer(await make_key(client, "embedder", endpoints=["embeddings"]))
+    refused = await client.post("/api/v1/jobs", headers=embedder, json={
+        "endpoint": "/v1/chat/completions", "body": {"model": "qwen-a", **CHAT}})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "endpoint_not_allowed"
+
+
+async def test_with_only_an_admin_key_usage_and_jobs_need_it(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("qwen-a", 1000)], admin_api_key="adm")
+    async with started_client(coord) as client:
+        assert (await client.get("/api/v1/usage")).status_code == 401
+        assert (await client.get("/api/v1/jobs")).status_code == 401
+        assert (await client.get("/api/v1/usage", headers=ADMIN)).status_code == 200
+        assert (await client.post("/v1/chat/completions",
+                                  json={"model": "qwen-a", **CHAT})).status_code == 200

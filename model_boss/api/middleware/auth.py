@@ -16,7 +16,7 @@ from ...keys import CURRENT_IDENTITY, Identity, with_identity
 from ...services.clustered import FORWARDABLE
 from ..errors import envelope, error_response, internal_error
 from ..ollama import ADMIN_PATHS, DATA_PATHS, is_ollama_path
-from .keys import Admission, as_key, check_key, given_key
+from .keys import JOBS_PATH, Admission, as_key, check_key, given_key
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,6 @@ OPEN_PATHS = {"/health", "/metrics"}
 # under /api/, yet any key may use them, on its own: its usage, its jobs
 USER_API_PATHS = {"/api/v1/usage"}
 USER_API_PREFIXES = ("/api/v1/jobs",)
-JOBS_PATH = "/api/v1/jobs"
 # The dashboard's static files: no state, no secret; the page asks for a key when the API does.
 OPEN_PREFIXES = ("/ui/",)
 
@@ -84,7 +83,10 @@ class AuthAndMetrics:
                 return
         elif self.coord.keys.enforced and not _open(scope["path"]):
             path = scope["path"]
-            checked = check_key(given_key(headers), self.coord.keys, admin=_admin_path(path))
+            keys = self.coord.keys
+            # a key's own usage and jobs: with no user key, only an admin reads them
+            checked = check_key(given_key(headers), keys, admin=_admin_path(path) or (
+                not keys.users_enforced and _user_api_path(path)))
             if not checked.allowed:
                 await error_response(checked.error or Unauthorized(
                     "missing or invalid API key"))(scope, receive, send)
@@ -139,9 +141,12 @@ class AuthAndMetrics:
 
 def _admin_path(path: str) -> bool:
     """The admin API: ``/api/*`` but Ollama's data routes, and a key's own usage and jobs."""
-    return path.startswith("/api/") and path not in USER_API_PATHS \
-        and not path.startswith(USER_API_PREFIXES) and (
-            not is_ollama_path(path) or path in ADMIN_PATHS)
+    return path.startswith("/api/") and not _user_api_path(path) and (
+        not is_ollama_path(path) or path in ADMIN_PATHS)
+
+
+def _user_api_path(path: str) -> bool:
+    return path in USER_API_PATHS or path.startswith(USER_API_PREFIXES)
 
 
 def _open(path: str) -> bool:

@@ -29,6 +29,7 @@ from ...keys import (
 from ...usage import Spent, day_start, month_start
 
 CLIENT_HEADER = b"x-client-id"
+JOBS_PATH = "/api/v1/jobs"
 END_USER_HEADER = b"x-model-boss-end-user"
 
 
@@ -113,7 +114,7 @@ class Admission:
         now = time.time() if now is None else now
         profile = record.profile
         kind = endpoint_kind(path)
-        if not kind_in_scope(profile, kind):
+        if path != JOBS_PATH and not kind_in_scope(profile, kind):  # a job's: when taken
             return Forbidden(f"the key '{record.name}' may not call {kind} routes (it may "
                              f"call: {', '.join(profile.endpoints or []) or 'none'})",
                              code="endpoint_not_allowed")

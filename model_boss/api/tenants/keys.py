@@ -31,6 +31,7 @@ class KeyChange(BaseModel):
     admin: bool | None = None
     expires_at: datetime | None = None
     endpoints: list[EndpointKind] | None = None
+    default_task: str | None = Field(default=None, min_length=1, max_length=200)
     priority_floor: int | None = Field(default=None, ge=0, le=100)
     priority: int | None = Field(default=None, ge=0, le=100)
     max_concurrency: int | None = Field(default=None, ge=1)
