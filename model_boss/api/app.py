@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from ..coordinator import Coordinator
 from ..services import run_job
@@ -25,7 +26,7 @@ from .middleware import (
     take_direct_routes,
     with_cors,
 )
-from .openapi_doc import document_bounds
+from .openapi_doc import DOCS_ASSETS, document_bounds, offline_redoc
 from .tenants import keys as tenant_keys
 from .tenants import usage as tenant_usage
 
@@ -46,7 +47,11 @@ def create_app(settings: Settings | None = None, *,
         finally:
             await coord.stop()
 
-    app = FastAPI(title="model-boss", version="0.1.0", lifespan=lifespan)
+    # /docs and /redoc from the package's own copies of Swagger UI and ReDoc (fastapi-offline),
+    # not a CDN: they work on a box with no internet
+    app = FastAPIOffline(title="model-boss", version="0.1.0", lifespan=lifespan,
+                         static_url=DOCS_ASSETS, redoc_url=None)
+    offline_redoc(app)
     app.state.coordinator = coord
     app.state.boss = coord.boss
     install_error_handlers(app)
