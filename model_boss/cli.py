@@ -27,9 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
     # start (1.20 s of CPU against 0.93 s, docs/BENCHMARKS.md); quiet_collector freezes them.
     gc.disable()
     try:
-        import uvicorn
-
         from .api.app import create_app
+        from .api.drain import serve
         from .settings import load_settings
 
         overrides = {}
@@ -52,10 +51,10 @@ def _serve(args: argparse.Namespace) -> int:
         # httpx logs each call it makes at INFO: a loading worker's health, asked every
         # 20 ms, filled the log; those lines show at log_level debug
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    # uvicorn's own lines (an access line per request among them) follow log_level too
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=logging.getLogger().level,
-                timeout_graceful_shutdown=max(5, int(settings.stop_grace_s) + 5))
-    return 0
+    # uvicorn's own lines (an access line per request among them) follow log_level too; its
+    # signals drain the daemon first (docs/FAULTS.md#stopping)
+    return serve(app, app.state.coordinator.drain, host=settings.host, port=settings.port,
+                 log_level=logging.getLogger().level)
 
 
 # Collect the youngest objects every this many allocations (Python's default: 700). A

@@ -33,6 +33,7 @@ from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
 from .scheduling.waiting import queue_status
 from .settings import PreloadEntry, Settings
+from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .slots.slot import SlotState
 from .usage import Spent, UsageLedger, UsageRow
@@ -117,6 +118,10 @@ class Coordinator:
                                    result_ttl_s=settings.job_result_ttl_s,
                                    max_active=settings.max_jobs)
         self._loops: list[asyncio.Task] = []
+        self.drain = Drain(settings.shutdown_grace_s)  # a stop's first part (docs/FAULTS.md)
+        self.drain.on_force.append(self.pool.prompt_cache.close)
+        if self.cluster is not None:  # the others route around a member that stops
+            self.drain.on_begin.append(self.cluster.withdraw)
 
     def used(self, row: UsageRow) -> None:
         """A finished request's usage: into the ledger (and a cluster's counters), the key's
@@ -289,6 +294,7 @@ class Coordinator:
             with contextlib.suppress(BaseException):
                 await task
         await self.pool.shutdown()
+        self.pool.prompt_cache.sweep()  # a save cut short (or still written) leaves nothing
         self.pool.learned.flush()
         self.queue.request_log.close()
         await _bounded("the usage ledger", self.usage.stop())

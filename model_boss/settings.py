@@ -145,6 +145,8 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(default=30.0, gt=0)
     health_timeout_s: float = Field(default=120.0, gt=0)
     stop_grace_s: float = Field(default=10.0, ge=0)
+    # a stop (SIGTERM, SIGINT) lets running requests finish this long (workers: stop_grace_s)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
     stay_warm_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_STAY_WARM_S))
     reaper_interval_s: float = Field(default=5.0, gt=0)
     health_interval_s: float = Field(default=10.0, gt=0)  # idle READY workers are checked

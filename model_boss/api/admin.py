@@ -21,11 +21,21 @@ router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
 
 
 @router.get("/health")
-async def health(request: Request) -> dict[str, Any]:
+async def health(request: Request, response: Response) -> dict[str, Any]:
+    """200 ``status: ok`` while serving; 503 ``status: draining`` (with ``Retry-After``) once
+    a stop has begun, so a load balancer or healthcheck takes the daemon out at once."""
     coord = coordinator_of(request)
-    return {"status": "ok", "models": len(coord.catalog),
-            "ready": [s.model_id for s in coord.pool.slots.values()
-                      if s.state == SlotState.READY]}
+    answer: dict[str, Any] = {"status": "ok", "models": len(coord.catalog),
+                              "ready": [s.model_id for s in coord.pool.slots.values()
+                                        if s.state == SlotState.READY]}
+    drain = coord.drain
+    if drain.draining:
+        response.status_code = 503
+        response.headers.update(drain.refusal().headers())
+        answer.update(status="draining", draining={
+            "since": drain.since, "grace_s": drain.grace_s, "running": drain.running(),
+            "forced": drain.forced})
+    return answer
 
 
 @router.get("/api/v1/status")

@@ -13,6 +13,7 @@ from ..services import run_job
 from ..services.media.audio import UPLOAD_PATHS
 from ..settings import Settings, load_settings
 from . import admin, anthropic, dashboard, history, jobs, leases, llamacpp, ollama, openai, pulls
+from .drain import DrainGate
 from .errors import install_error_handlers
 from .middleware import (
     AuthAndMetrics,
@@ -57,7 +58,8 @@ def create_app(settings: Settings | None = None, *,
     install_error_handlers(app)
     document_bounds(app)
     # the last added runs first: pacing (arrivals take turns with running work) → CORS →
-    # Ollama's and Anthropic's envelopes → errors → Host and Origin checks (before any work;
+    # Ollama's and Anthropic's envelopes → the drain (a stop's refusals and cuts) → errors →
+    # Host and Origin checks (before any work;
     # their refusals in the route's envelope) → keys and metrics → the queue's early
     # refusals → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
@@ -67,6 +69,7 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(AuthAndMetrics, coordinator=coord, inference=queued_paths())
     app.add_middleware(HostGuard, coordinator=coord)
     app.add_middleware(InternalErrors)
+    app.add_middleware(DrainGate, coordinator=coord)
     app.add_middleware(ErrorEnvelope, owns=anthropic.is_anthropic_path,
                        rewrite=anthropic.anthropic_error_body)
     app.add_middleware(ErrorEnvelope, owns=ollama.is_ollama_path,

@@ -213,6 +213,21 @@ class Cluster:
             with contextlib.suppress(StoreUnavailable):
                 await self.store.keep_load(route.model, route.loader or "", lock_s)
 
+    async def withdraw(self) -> None:
+        """A stop has begun: leave the others' view, so they route around this member."""
+        await self.membership.withdraw()
+
+    def elsewhere(self, model_id: str, priority: int) -> MemberRecord | None:
+        """Another member to take a request this one, stopping, will not serve: where the
+        model is warm, else the cheapest to load it; None when no other member can."""
+        others = [m for m in self.membership.view.values() if m.host_id != self.host_id]
+        choice = where_warm(model_id, others, self.host_id)
+        entry = self.catalog.find(model_id)
+        if choice is None and others and entry is not None:
+            choice = where_cold(self.pool.demand(entry, priority), others, self.host_id,
+                                time.time())
+        return choice.member if isinstance(choice, There) else None
+
     def unreachable(self, member: MemberRecord) -> None:
         log.warning("cluster: member %s (%s) unreachable; serving here", member.host_id,
                     member.url)

@@ -36,6 +36,8 @@ SLOT_EVENTS = frozenset({"slot_state", "loaded", "evicted", "offloaded", "onload
 class Membership:
     """Publishes this member; keeps the view of every member current."""
 
+    withdrawn = False  # a stop has begun: the record is gone, the view still kept
+
     def __init__(self, settings: Settings, store: ClusterStore, catalog: Catalog,
                  pool: ModelPool, queue: InferenceQueue) -> None:
         self.settings = settings
@@ -106,6 +108,14 @@ class Membership:
             await self.store.leave(self.host_id)
             await self.store.notify("left", self.host_id)
 
+    async def withdraw(self) -> None:
+        """Leave the others' view now (a stop has begun): the record is deleted, the others
+        told, and no beat writes it again; this member still reads theirs."""
+        self.withdrawn = True
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.leave(self.host_id)
+            await self.store.notify("left", self.host_id)
+
     def on_event(self, event: dict) -> None:
         """EventBus listener: a slot changed, so publish before the next beat."""
         if event.get("type") in SLOT_EVENTS:
@@ -153,7 +163,8 @@ class Membership:
             self._changed.clear()
             self._refresh.clear()
             try:
-                await self.publish(notify=changed)
+                if not self.withdrawn:
+                    await self.publish(notify=changed)
                 await self.refresh()
                 self.beats += 1
             except StoreUnavailable as exc:

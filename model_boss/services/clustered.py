@@ -8,6 +8,7 @@ cannot be reached is forgotten until its next heartbeat and the request is serve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ import orjson
 from ..cluster import MEMBER_HEADER, MemberRecord, MemberUnreachable
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
 from ..scheduling.queue import QueuedRequest
+from ..slots.drain import SHUTTING_DOWN, ShuttingDown
 from .extensions import Extensions
 from .native import NATIVE_BODIES
 from .served import MODEL_HEADER, Served, StreamEnd, openai_stream_end
@@ -52,19 +54,62 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
     """Serve ``queued`` where the cluster says; ``here`` serves it on this member; ``end``
     closes a forwarded stream that fails midway, in the route's protocol."""
     cluster = coord.cluster
-    if cluster is None or ext.forwarded or queued.endpoint not in FORWARDABLE:
+    if cluster is None or queued.endpoint not in FORWARDABLE:
         return await here()
+    if ext.forwarded:  # if this member stops before its turn, the sender serves it
+        return await _unless_handed_off(coord, queued, here, None)
+    sent = forward_body(body, ext, client_id=queued.client_id, priority=queued.priority,
+                        budget_s=queued.budget_s)
     route = await cluster.route(queued.model_id, queued.priority)
     async with cluster.holding(route):
         if route.member is not None:
-            sent = forward_body(body, ext, client_id=queued.client_id,
-                                priority=queued.priority, budget_s=queued.budget_s)
             with contextlib.suppress(MemberUnreachable):  # then it is served here
                 return await forward_to(coord, route.member, queued.endpoint,
                                         queued.model_id, sent, end)
-        served = await here()
-        served.headers[MEMBER_HEADER] = cluster.host_id
+
+        async def elsewhere() -> Served:  # this member stops: another takes it
+            member = cluster.elsewhere(queued.model_id, queued.priority)
+            if member is not None:
+                with contextlib.suppress(MemberUnreachable):
+                    return await forward_to(coord, member, queued.endpoint, queued.model_id,
+                                            sent, end)
+            return await here()  # nobody else: its turn here, within the grace
+
+        served = await _unless_handed_off(coord, queued, here, elsewhere)
+        served.headers.setdefault(MEMBER_HEADER, cluster.host_id)
         return served
+
+
+async def _unless_handed_off(coord: Coordinator, queued: QueuedRequest,
+                             here: Callable[[], Awaitable[Served]],
+                             elsewhere: Callable[[], Awaitable[Served]] | None) -> Served:
+    """``here()``, unless this member's drain hands the request off before its turn comes
+    (:class:`~model_boss.slots.drain.Drain`): then ``elsewhere()`` serves it on another
+    member; with none (a forward) it is refused with 503 ``shutting_down``, and the member
+    that sent it serves it itself (:func:`forward_to`)."""
+    drain, cluster = coord.drain, coord.cluster
+    task = asyncio.current_task()
+    assert task is not None and cluster is not None
+
+    def before_its_turn() -> bool:
+        return not queued.future.done() and (
+            elsewhere is None or cluster.elsewhere(queued.model_id, queued.priority) is not None)
+
+    drain.handable[task] = before_its_turn
+    try:
+        return await here()
+    except asyncio.CancelledError:
+        if task not in drain.handed or task.uncancel() > 0:
+            raise
+    finally:
+        drain.handable.pop(task, None)
+    drain.handed.discard(task)
+    coord.events.emit("handed_off", model=queued.model_id, client=queued.client_id,
+                      to="sender" if elsewhere is None else "another member")
+    if elsewhere is None:
+        raise ShuttingDown("this member is shutting down; the member that forwarded the "
+                           "request serves it")
+    return await elsewhere()
 
 
 async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, model_id: str,
@@ -83,7 +128,12 @@ async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, mo
         raise
     headers = {MODEL_HEADER: model_id, MEMBER_HEADER: member.host_id}
     if reply.chunks is None and reply.status >= 400:
-        raise member_error(reply.status, reply.body or b"", reply.retry_after)
+        error = member_error(reply.status, reply.body or b"", reply.retry_after)
+        if error.code == SHUTTING_DOWN:  # it stops: as if unreachable, so served elsewhere
+            log.info("cluster: member %s is shutting down; served elsewhere", member.host_id)
+            cluster.membership.forget(member.host_id)
+            raise MemberUnreachable(f"member {member.host_id} is shutting down")
+        raise error
     if reply.chunks is None:
         return Served(reply.status, headers, reply.content_type, body=reply.body or b"")
     return Served(reply.status, headers, reply.content_type,

@@ -86,6 +86,7 @@ class PromptCache:
         self.counts: dict[str, dict[str, int]] = {}  # model → saves, restores, restored_tokens
         self.timings: dict[str, dict[str, float]] = {}  # model → last save_s, restore_s
         self._lock = asyncio.Lock()  # one save at a time: each makes room for its own file
+        self.closed = False  # a stop in a hurry (a second signal): nothing more is saved
         self.sweep()
 
     @property
@@ -106,6 +107,10 @@ class PromptCache:
         for name, value in add.items():
             counts[name] += value
 
+    def close(self) -> None:
+        """Save nothing more: a save under way stops before its next slot."""
+        self.closed = True
+
     def note_reused(self, model_id: str, tokens: int) -> None:
         """A finished worker's ``prompt_tokens_cached_total`` (llama.cpp's ``/metrics``):
         prompt tokens it reused from any cache: its slot's KV, its RAM prompt cache
@@ -118,6 +123,8 @@ class PromptCache:
         """Save every slot holding at least ``min_tokens`` of prompt, within ``save_s``;
         returns how many were saved. Never raises: a swap does not wait on a failed save."""
         saved = 0
+        if self.closed:
+            return 0
         try:
             async with asyncio.timeout(self.save_s), self._lock:
                 self.tidy(shelf)
@@ -126,6 +133,8 @@ class PromptCache:
                 started = time.perf_counter()
                 for slot in slots if isinstance(slots, list) else []:
                     tokens = int(slot.get("n_prompt_tokens") or 0)
+                    if self.closed:
+                        break
                     if tokens < self.min_tokens:
                         continue
                     decoded = sum(int(t.get("n_decoded") or 0)
