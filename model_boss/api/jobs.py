@@ -52,21 +52,21 @@ async def list_jobs(request: Request,
                     ) -> dict[str, Any]:
     coord = coordinator_of(request)
     jobs = [j for j in await coord.jobs.store.list(client_id) if _visible(request, j)]
-    return {"jobs": [_view(coord, j) for j in sorted(jobs, key=lambda j: j.created_at)]}
+    return {"jobs": [await _view(coord, j) for j in sorted(jobs, key=lambda j: j.created_at)]}
 
 
 @router.get("/api/v1/jobs/{job_id}")
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """The job; while it waits, its ``queue_position`` (1 = next) and ``estimated_start``."""
     coord = coordinator_of(request)
-    return _view(coord, await _own(request, job_id))
+    return await _view(coord, await _own(request, job_id))
 
 
 @router.delete("/api/v1/jobs/{job_id}")
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
     await _own(request, job_id)
-    return _view(coord, await coord.jobs.cancel(job_id))
+    return await _view(coord, await coord.jobs.cancel(job_id))
 
 
 def _visible(request: Request, job: Job) -> bool:
@@ -85,6 +85,6 @@ async def _own(request: Request, job_id: str) -> Job:
     return job
 
 
-def _view(coord: Coordinator, job: Job) -> dict[str, Any]:
+async def _view(coord: Coordinator, job: Job) -> dict[str, Any]:
     """A job as answered: its record, and its place in this coordinator's queue."""
-    return {**job.public(), **queue_place(coord.queue, job.id)}
+    return {**job.public(), **await queue_place(coord.queue, job.id)}

@@ -27,6 +27,9 @@ class ModelStats:
     infer_s: float | None = None
     requests: int = 0
     vram_mb: int | None = None
+    # seconds per unit of work a request asked for (a token it may generate, an image step):
+    # learned from the requests that said their length
+    s_per_unit: float | None = None
 
 
 def ewma(old: float | None, new: float) -> float:
@@ -52,10 +55,14 @@ class LearnedStats:
         stats.loads += 1
         self._touch()
 
-    def observe_inference(self, model_id: str, seconds: float) -> None:
+    def observe_inference(self, model_id: str, seconds: float,
+                          work: float | None = None) -> None:
+        """A request served in ``seconds``; ``work``: the units it asked for, when it said."""
         stats = self.get(model_id)
         stats.infer_s = round(ewma(stats.infer_s, seconds), 4)
         stats.requests += 1
+        if work:
+            stats.s_per_unit = round(ewma(stats.s_per_unit, seconds / work), 6)
         self._touch()
 
     def observe_vram(self, model_id: str, mb: int) -> None:
@@ -67,8 +74,13 @@ class LearnedStats:
         learned = self.get(model_id).load_s
         return learned if learned is not None else LOAD_BASE_S + size_mb / LOAD_MB_PER_S
 
-    def predicted_infer_s(self, model_id: str) -> float:
-        return self.get(model_id).infer_s or 0.0
+    def predicted_infer_s(self, model_id: str, work: float | None = None) -> float:
+        """One request's serving time: ``work`` units at the model's learned rate, where both
+        are known; else its learned mean request (0 before any)."""
+        stats = self.get(model_id)
+        if work and stats.s_per_unit is not None:
+            return work * stats.s_per_unit
+        return stats.infer_s or 0.0
 
     def _touch(self) -> None:
         """Mark changed; write at most every SAVE_EVERY_S (and on shutdown) to keep disk

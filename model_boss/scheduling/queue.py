@@ -252,7 +252,7 @@ class InferenceQueue:
             self._held = False
         duration = time.monotonic() - ticket.started
         if ok:
-            self.pool.learned.observe_inference(slot.model_id, duration)
+            self.pool.learned.observe_inference(slot.model_id, duration, request.work)
         self.request_log.finished(ticket, ok, duration, self.pool.learned.get(slot.model_id).load_s)
         self.meter.finished(ticket, ok, client_fault, duration)
         client = request.client_id

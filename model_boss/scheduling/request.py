@@ -43,6 +43,7 @@ class QueuedRequest:
     prompt: str | None = None  # its text, only when the request log captures prompts
     key: str = ""  # the key it came with ("" with no keys configured), for the usage ledger
     end_user: str = ""  # the client id, user or metadata.user_id it named under that key
+    work: float | None = None  # its length as asked (:func:`asked_work`): the wait estimates'
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
@@ -64,6 +65,25 @@ class QueuedRequest:
                 retry_after_s=max(1.0, self.budget_s))
         return CapacityExceeded(f"'{self.model_id}' could not be scheduled within "
                                 f"{waited:.0f}s", retry_after_s=10)
+
+
+# the body fields that say how long a request may run, by the unit they count in
+_TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+IMAGES_ENDPOINT = "/v1/images/generations"
+
+
+def asked_work(endpoint: str, body: dict) -> float | None:
+    """A request's length as it asked for it, in its model's unit of work: the tokens it may
+    generate, or an image request's steps times its images; None when it does not say."""
+    if endpoint == IMAGES_ENDPOINT:
+        steps, images = body.get("steps") or body.get("num_inference_steps"), body.get("n") or 1
+        return float(steps * images) if _count(steps) and _count(images) else None
+    limit = next((body[name] for name in _TOKENS if _count(body.get(name))), None)
+    return float(limit) if limit is not None else None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class Backlog:

@@ -1,8 +1,10 @@
 """The waiting line as clients see it: position, wait so far, and when a request may start.
 
 Positions come from :meth:`InferenceQueue.ordered` (the dispatcher's own order), so they stay
-right whatever that order is made of. The estimated start uses the learned load and inference
-times the budget admission uses (:func:`budget.predict`).
+right whatever that order is made of. The estimated start adds up the work ahead of a request
+(what is left of the running requests and the waiting ones, each its asked length at its
+model's learned rate) and, for a model not loaded, its load and the models it waits for
+(:func:`start_in_s`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from .budget import predict
+from ..errors import ModelBossError
+from .planner import Evict, Wait
 from .queue import InferenceQueue, QueuedRequest
 from .states import SlotState
 
@@ -46,39 +49,78 @@ def queue_status(queue: InferenceQueue, shown: int = 50) -> dict[str, Any]:
     }
 
 
-def queue_place(queue: InferenceQueue, request_id: str) -> dict[str, Any]:
-    """``queue_position`` and ``estimated_start`` (ISO time) of a waiting request; both None
-    when it is not waiting here."""
+async def queue_place(queue: InferenceQueue, request_id: str) -> dict[str, Any]:
+    """``queue_position`` and ``estimated_start`` (ISO time, to the millisecond) of a waiting
+    request; both None when it is not waiting here."""
     order = queue.ordered()
     for position, request in enumerate(order, 1):
         if request.request_id == request_id:
-            start = time.time() + start_in_s(queue, request, order[:position - 1])
+            start = time.time() + await start_in_s(queue, request, order[:position - 1])
             return {"queue_position": position,
                     "estimated_start": datetime.fromtimestamp(start, UTC).isoformat(
-                        timespec="seconds")}
+                        timespec="milliseconds")}
     return {"queue_position": None, "estimated_start": None}
 
 
-def start_in_s(queue: InferenceQueue, request: QueuedRequest,
-               ahead: list[QueuedRequest]) -> float:
-    """Seconds until ``request`` may start: the requests ahead of it on the same model (and
-    those running there), served ``parallel`` at a time, plus what is left of its load."""
+async def start_in_s(queue: InferenceQueue, request: QueuedRequest,
+                     ahead: list[QueuedRequest]) -> float:
+    """Seconds until ``request`` may start, from the work ahead of it and each model's
+    learned rate (:meth:`LearnedStats.predicted_infer_s`: a request's asked length times the
+    seconds per unit, else its model's mean request):
+
+    - on its own model: what is left of the requests running there (their expected time
+      less what they have run) and the requests ahead of it there, ``parallel`` at a time;
+    - when its model is not loaded, what is left of its load, and, when it does not fit
+      beside the others, the models it waits for (the planner's: the busy ones it must
+      evict, drained of the work ahead) and the other models ahead of it that must load and
+      run in turn first."""
     pool, model = queue.pool, request.model_id
+    now = time.monotonic()
+
+    def drain_s(name: str) -> float:
+        """How long ``name``'s slot stays busy with what runs there and what is ahead."""
+        learned = pool.learned
+        running = sum(max(0.0, learned.predicted_infer_s(name, t.request.work)
+                          - (now - t.started)) for t in queue.meter.running(name))
+        queued = sum(learned.predicted_infer_s(name, r.work) for r in ahead
+                     if r.model_id == name)
+        slot = pool.slots.get(name)
+        return (running + queued) / max(1, slot.parallel if slot else 1)
+
     slot = pool.slots.get(model)
-    warm = slot is not None and slot.state == SlotState.READY
-    size = 0
-    if not warm:
-        entry = pool.catalog.find(model)
-        size = pool.estimate(entry).mb if entry else 0
-    load_s = pool.learned.predicted_load_s(model, size)
+    if slot is not None and slot.state == SlotState.READY:
+        return drain_s(model)
     owner = pool.owners.get(model)
     progress = owner.progress if owner is not None else None
-    prediction = predict(
-        warm=warm, loading=progress is not None,
-        ahead=(slot.active if slot else 0) + sum(1 for r in ahead if r.model_id == model),
-        parallel=slot.parallel if slot else 1, load_s=load_s,
-        infer_s=pool.learned.predicted_infer_s(model))
-    load_left = prediction.load_s
-    if progress is not None:  # a load under way: what the learned time leaves of it
-        load_left = max(0.0, load_s - progress.elapsed_s())
-    return prediction.wait_s + load_left
+    load_s = _load_s(pool, model)
+    if progress is not None:  # its load is under way: what the learned time leaves of it
+        return max(0.0, load_s - progress.elapsed_s()) + drain_s(model)
+    return await _room_s(queue, request, ahead, drain_s) + load_s + drain_s(model)
+
+
+def _load_s(pool: Any, model: str) -> float:
+    entry = pool.catalog.find(model)
+    size = pool.estimate(entry).mb if entry else 0
+    return pool.learned.predicted_load_s(model, size)
+
+
+async def _room_s(queue: InferenceQueue, request: QueuedRequest, ahead: list[QueuedRequest],
+                  drain_s: Any) -> float:
+    """Until a model that is not loaded has its room: none when it fits now or its victims
+    are idle; else the busy models it waits for drained, and before it the other models
+    ahead that must load and run in their turn."""
+    pool = queue.pool
+    try:
+        plan = await pool.plan(request.model_id, request.priority)
+    except ModelBossError:  # unknown or unservable: it fails, it does not wait
+        return 0.0
+    if isinstance(plan, Evict):
+        return max((drain_s(victim) for victim in plan.victims), default=0.0)
+    if not isinstance(plan, Wait):
+        return 0.0
+    resident = {name for name, slot in pool.slots.items()
+                if slot.state not in (SlotState.IDLE, SlotState.STOPPING)}
+    blocking = plan.blocking or tuple(name for name in resident if name != request.model_id)
+    waited = max((drain_s(name) for name in blocking), default=0.0)
+    before = {r.model_id for r in ahead} - resident - {request.model_id}
+    return waited + sum(_load_s(pool, name) + drain_s(name) for name in before)

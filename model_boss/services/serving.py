@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..jobs.runner import Dispatched
 from ..keys import floored_priority
-from ..scheduling.queue import QueuedRequest, SlotTicket
+from ..scheduling.request import QueuedRequest, SlotTicket, asked_work
 from ..scheduling.request_log import prompt_text
 from .accounting import Who, read_figures, unserved_row, who
 from .cancel import Departure, unless_disconnected
@@ -164,9 +164,8 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
         queued = QueuedRequest(
             model_id=model_id, client_id=asker.client_id, endpoint=endpoint,
             budget_s=remaining, budget_given_s=budget_s, key=asker.key,
-            end_user=asker.end_user,
+            end_user=asker.end_user, work=asked_work(endpoint, body), keep_alive_s=keep_alive,
             priority=effective_priority(settings, ext.priority, profile, task, manifest),
-            keep_alive_s=keep_alive,
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
             share=_share(profile, task), task=task and task.name, rung=task and position,

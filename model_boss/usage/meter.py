@@ -53,16 +53,22 @@ class Meter:
         self.on_row: Callable[[UsageRow], None] = lambda row: None  # the ledger's record
         self._clocks: dict[str, BusyShare] = {}
         self._charged: dict[str, float] = {}  # model -> the loaded_at already charged
+        self._running: dict[str, dict[int, SlotTicket]] = {}  # model -> its tickets, by token
 
     def busy_s(self, model_id: str) -> float:
         """How long ``model_id``'s slot has had at least one request, since the start."""
         clock = self._clocks.get(model_id)
         return clock.busy_s if clock is not None else 0.0
 
+    def running(self, model_id: str) -> list[SlotTicket]:
+        """The requests running on ``model_id``'s slot now (granted, not finished)."""
+        return list(self._running.get(model_id, {}).values())
+
     def granted(self, ticket: SlotTicket, now: float | None = None) -> None:
         slot = ticket.slot
         clock = self._clocks.setdefault(slot.model_id, BusyShare())
         ticket.metered = clock.enter(time.monotonic() if now is None else now)
+        self._running.setdefault(slot.model_id, {})[ticket.metered] = ticket
         loaded_at = slot.loaded_at
         if loaded_at is not None and self._charged.get(slot.model_id) != loaded_at:
             self._charged[slot.model_id] = loaded_at
@@ -75,6 +81,7 @@ class Meter:
         slot, request, figures = ticket.slot, ticket.request, ticket.figures
         share = 0.0
         if ticket.metered is not None:
+            self._running.get(slot.model_id, {}).pop(ticket.metered, None)
             share = self._clocks[slot.model_id].leave(
                 ticket.metered, time.monotonic() if now is None else now)
             ticket.metered = None
