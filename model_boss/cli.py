@@ -1,5 +1,5 @@
 """``model-boss serve | ps | status | load | unload | pin | unpin | pull | rm | reload | config |
-leases | keys | usage | simulate``: what each command does (the parser, its help and
+leases | keys | usage | launch | simulate``: what each command does (the parser, its help and
 examples: cli_parser.py)."""
 
 from __future__ import annotations
@@ -172,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return (keys_cli if args.command == "keys" else usage_cli).run(args, _url(args),
                                                                         _headers())
+    if args.command == "launch":
+        from .launch import cli as launch_cli
+
+        return launch_cli.run(args, _url(args))
     if args.command in ("load", "unload", "pin", "unpin"):
         return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
     if args.command == "pull":

@@ -22,7 +22,8 @@ busy to the end:
 
 from __future__ import annotations
 
-LONGEST_FIRST = ("e2e/test_transformers_worker.py", "unit/test_fuzz_api.py", "quiet",
+LONGEST_FIRST = ("e2e/test_agents.py", "e2e/test_transformers_worker.py",
+                 "unit/test_fuzz_api.py", "quiet",
                  "e2e/test_diffusion.py", "e2e/test_diffusers_worker.py",
                  "e2e/test_spare_worker.py", "e2e/test_stress.py", "e2e/test_cluster_e2e.py",
                  "e2e/test_llama_eviction.py", "e2e/test_dashboard.py",
