@@ -51,7 +51,7 @@ EXAMPLES = {
     "rm": "model-boss rm qwen2.5-0.5b-instruct-q4_k_m",
     "reload": "model-boss reload",
     "config": "model-boss config allowCloudFallback=false",
-    "leases": "model-boss leases acquire --vram-mb 8000 --kind training --ttl-s 600 "
+    "leases": "model-boss leases acquire --vram-mb 4000 --kind training --ttl-s 600 "
               "--holder trainer-7",
 }
 
