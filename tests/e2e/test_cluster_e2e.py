@@ -24,7 +24,14 @@ import redis
 
 from model_boss.cli import main as cli_main
 from model_boss.gpu.redis_store import RedisLeaseStore
-from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
+from tests.conftest import (
+    RedisServer,
+    ServerProcess,
+    llama_manifest,
+    served_stream,
+    sse_events,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -114,15 +121,17 @@ def test_a_model_warm_on_c_is_served_through_a_streaming(members):
     a, c = members["a"], members["c"]
     assert httpx.post(c.url + "/api/v1/models/m1/load", timeout=60).status_code == 200
     wait_for(lambda: where(a, "m1") == {"c": "ready"}, timeout=10)
-    events = []
     with httpx.stream("POST", a.url + "/v1/chat/completions", timeout=60,
                       json=chat("m1", stream=True, max_tokens=8, ignore_eos=True,
                                 x_client_id="team-x", x_priority=2)) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["x-model-boss-member"] == "c"
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert len(events) >= 3 and events[-1] == "data: [DONE]"
+        text = "\n".join(response.iter_lines())
+    assert served_stream(text), text  # an error event (a failure on C) then [DONE] fails
+    choices = [e["choices"][0] for e in sse_events(text)[:-1] if e.get("choices")]
+    assert len([c for c in choices if c["delta"].get("content")]) >= 3, text
+    assert choices[-1]["finish_reason"] == "length", text  # all 8 tokens came through
     assert "m1" not in {s["model"] for s in a.status()["slots"]}  # nothing loaded on A
     clients = {c["client_id"]: c for c in c.status()["queue"]["clients"]}
     assert "team-x" in clients  # the client id reached C

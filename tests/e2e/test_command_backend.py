@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import sys
 import time
@@ -35,6 +36,16 @@ def test_speech_through_a_command_worker(make_server):
     job = httpx.post(server.url + "/api/v1/jobs", json={
         "endpoint": "/v1/audio/speech", "body": {"model": "tiny-tts", "input": "hi"}}).json()
     assert job["status"] in ("queued", "loading")
+
+    def finished() -> dict | None:
+        now = httpx.get(f"{server.url}/api/v1/jobs/{job['id']}").json()
+        return None if now["status"] in ("queued", "loading", "running") else now
+
+    done = wait_for(finished, timeout=30)
+    assert done["status"] == "succeeded" and done["model"] == "tiny-tts", done
+    assert done["result"]["content_type"] == "audio/wav", done
+    with wave.open(io.BytesIO(base64.b64decode(done["result"]["b64"]))) as wav:
+        assert wav.getnframes() == int(0.05 * len("hi") * 16000)  # the job's own input
 
     broken = httpx.post(server.url + "/v1/audio/speech",
                         json={"model": "broken-tts", "input": "x"}, timeout=30)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -22,7 +21,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 def cuda_worker(tmp_path_factory):
     path = build_tiny_sd_pipeline(tmp_path_factory.mktemp("gpu") / "sd", width=256)
     port = free_port()
-    started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "workers.diffusers", "--model",
                              str(path), "--port", str(port), "--device", "cuda"])
     url = f"http://127.0.0.1:{port}"
@@ -34,13 +32,15 @@ def cuda_worker(tmp_path_factory):
             return False
 
     wait_for(ready, timeout=300)
-    yield url, time.monotonic() - started
+    yield url
     proc.terminate()
     proc.wait(30)
 
 
 def test_measured_vram_offload_and_onload(cuda_worker):
-    url, cold_s = cuda_worker
+    """The onload beats the cold load: both as the worker timed them (the cold load's
+    ``load_s`` leaves out the interpreter's start and the imports)."""
+    url = cuda_worker
     health = httpx.get(url + "/health").json()
     assert health["device"] == "cuda" and health["tier"] == "gpu"
     allocated = health["memory"]["cuda_allocated_mb"]
@@ -50,7 +50,7 @@ def test_measured_vram_offload_and_onload(cuda_worker):
     after = httpx.get(url + "/health").json()["memory"]["cuda_allocated_mb"]
     assert after <= allocated * 0.1
     onload = httpx.post(url + "/onload", timeout=120).json()
-    assert onload["tier"] == "gpu" and onload["seconds"] < cold_s
+    assert onload["tier"] == "gpu" and onload["seconds"] < health["load_s"], (onload, health)
     assert httpx.get(url + "/health").json()["memory"]["cuda_allocated_mb"] >= allocated * 0.9
     image = httpx.post(url + "/generate", timeout=120, json={
         "prompt": "x", "width": 64, "height": 64, "steps": 2}).json()

@@ -45,13 +45,21 @@ def test_chat_returns_text(client, server):
 
 
 def test_stream_yields_chunks_in_order(client):
-    stream = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "Count from one to ten."}],
-        max_tokens=32, stream=True, extra_body={"ignore_eos": True})  # always 32 tokens
-    pieces = [c.choices[0].delta.content for c in stream if c.choices and
-              c.choices[0].delta.content]
+    """The streamed pieces, joined in the order they came, are the answer the same greedy
+    request gets whole: one chunk out of place (or lost, or repeated) would differ."""
+    ask = {"model": "smol", "max_tokens": 32, "temperature": 0, "seed": 7,
+           "messages": [{"role": "user", "content": "Count from one to ten."}],
+           "extra_body": {"ignore_eos": True}}  # always 32 tokens
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    pieces = [c.delta.content for c in choices if c.delta.content]
     assert len(pieces) >= 16
-    assert "".join(pieces).strip()
+    assert "".join(pieces) == whole and whole.strip()
+    assert choices[0].delta.role == "assistant"
+    # only the last says why it ended, and every chunk belongs to the one answer
+    assert [c.finish_reason for c in choices] == [None] * (len(choices) - 1) + ["length"]
+    assert len({c.id for c in chunks}) == 1
 
 
 def test_the_fingerprint_is_the_llama_cpp_build_not_b0_unknown(client):

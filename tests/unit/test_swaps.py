@@ -1,7 +1,8 @@
 """Model switches wait on conditions, never on a timer: a CPU-tier switch goes straight from
 the victim's offload to the onload; a stopped victim's VRAM is waited for only until the
 driver (NVML) shows it back. ``reclaim_sleep_s`` is set far above the test deadlines, so a
-fixed sleep anywhere on these paths fails them."""
+fixed sleep anywhere on these paths fails them; only a stopped victim without NVML waits it
+(there it is short, and waited out)."""
 
 from __future__ import annotations
 
@@ -84,17 +85,24 @@ async def test_stopped_victim_is_waited_for_until_the_driver_shows_its_vram(tmp_
 
 
 async def test_stopped_victim_without_nvml_still_waits_reclaim_sleep(tmp_path):
-    """Without NVML nothing says when the driver has a stopped worker's VRAM back."""
+    """Without NVML nothing says when the driver has a stopped worker's VRAM back: the load
+    waits ``reclaim_sleep_s`` (short here), then goes ahead."""
+    reclaim_s = 1.0
     coord, gates, log = gated_coordinator(tmp_path, [manifest("p"), manifest("q")],
-                                          reclaim_sleep_s=LONG_RECLAIM_S)
+                                          reclaim_sleep_s=reclaim_s)
     await coord.start()
     try:
         (await acquire(coord, "p")).release()
         for_q = asyncio.create_task(acquire(coord, "q"))
         await asyncio.wait_for(_until(lambda: coord.pool.slots["p"].state == S.IDLE), 2)
-        await asyncio.sleep(0.2)
+        stopped = asyncio.get_running_loop().time()
+        await asyncio.sleep(reclaim_s / 2)
         assert not for_q.done() and steps(log, "start", "q") == 0
-        for_q.cancel()
+        ticket = await asyncio.wait_for(for_q, reclaim_s + SWITCH_DEADLINE_S)
+        waited = asyncio.get_running_loop().time() - stopped
+        assert coord.pool.slots["q"].state == S.READY and steps(log, "start", "q") == 1
+        assert waited >= reclaim_s - 0.05, waited  # the sleep began as p's stop ended
+        ticket.release()
     finally:
         await coord.stop()
 
