@@ -1,5 +1,7 @@
 """Anthropic's Messages API: its bodies (:mod:`.schemas`), its translation to and from chat
-completions (:mod:`.translate`, :mod:`.stream`) and its serving (:mod:`.service`)."""
+completions (:mod:`.translate`, :mod:`.stream`), how an answer is told (:mod:`.answers`),
+streams that open at once (:mod:`.opening`), system turns (:mod:`.system_turns`), error
+wordings (:mod:`.wording`) and its serving (:mod:`.service`)."""
 
 from .schemas import CountTokensRequest, MessagesRequest
 from .service import COUNT_TOKENS, MESSAGES, messages

@@ -2,7 +2,10 @@
 
 model-boss checks a body itself before any worker sees it: llama.cpp's server answers 200 to
 a body without ``max_tokens`` or with ``messages`` as a string. Fields Anthropic defines and
-model-boss reads are typed; other fields are kept and passed on (``extra="allow"``).
+model-boss reads are typed; other fields are kept and passed on (``extra="allow"``), so what a
+coding agent adds (``context_management``, ``output_config``, ``cache_control`` on any block,
+``service_tier``, betas yet to come) never makes a 400. A ``system`` turn may stand anywhere in
+``messages`` (Claude Code's mid-conversation system messages; :mod:`.system_turns` places it).
 """
 
 from __future__ import annotations
@@ -99,20 +102,40 @@ ContentBlock = Annotated[
 
 
 class Message(_Block):
-    """One turn: ``content`` is a string or a non-empty list of blocks."""
+    """One turn: ``content`` is a string or a non-empty list of blocks; a ``system`` turn holds
+    text only."""
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: Annotated[list[ContentBlock], _as_blocks("a string or an array of content blocks"),
                        Field(min_length=1)]
 
+    @model_validator(mode="after")
+    def _system_is_text(self) -> Message:
+        if self.role == "system" and any(block.type != "text" for block in self.content):
+            raise ValueError("a system message holds text blocks only")
+        return self
+
 
 class ToolSpec(_Block):
-    """A client tool the model may call (``input_schema`` is its JSON schema)."""
+    """A client tool the model may call (``input_schema`` is its JSON schema), or one of
+    Anthropic's server tools (a ``type`` such as ``web_search_20250305``), taken and not
+    offered to a local model, which cannot run it (:func:`is_server_tool`)."""
 
     name: StrictStr = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9_-]+$")
     description: StrictStr | None = None
-    input_schema: dict[str, Any]
-    type: Literal["custom"] | None = None
+    input_schema: dict[str, Any] | None = None
+    type: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> ToolSpec:
+        if self.type in (None, "custom") and self.input_schema is None:
+            raise ValueError("a client tool needs its 'input_schema'")
+        return self
+
+
+def is_server_tool(tool: dict[str, Any]) -> bool:
+    """Whether a (validated) tool is one of Anthropic's server tools."""
+    return tool.get("type") not in (None, "custom")
 
 
 class ToolChoice(_Block):
@@ -148,6 +171,13 @@ class _MessagesBase(OpenAIRequest):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+
+    @model_validator(mode="after")
+    def _a_conversation(self) -> _MessagesBase:
+        if all(message.role == "system" for message in self.messages):
+            raise ValueError("messages: a conversation needs a turn with role 'user' or "
+                             "'assistant'; system turns alone are not one")
+        return self
 
 
 class MessagesRequest(_MessagesBase):

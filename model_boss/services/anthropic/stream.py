@@ -14,7 +14,7 @@ import orjson
 from ...backends.sse import sse_data, sse_events
 from ...errors import ModelBossError
 from ..redact import redacted
-from .translate import matched_stop, message_id, stop_reason, tool_use_id
+from .translate import matched_stop, message_id, message_usage, stop_reason, tool_use_id
 
 # HTTP status → Anthropic's error type; another 4xx is invalid_request_error, another 5xx
 # api_error. Anthropic has no 409: a state that forbids the request (model_busy,
@@ -158,7 +158,8 @@ async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str,
             chunk = orjson.loads(data)
             if isinstance(chunk.get("error"), dict):
                 raise StreamFailed(str(chunk["error"].get("message") or "the worker failed"))
-            usage = chunk.get("usage") or usage
+            if chunk.get("usage"):
+                usage = message_usage(chunk["usage"], chunk)
             for choice in (chunk.get("choices") or [])[:1]:
                 last = {**last, **choice}
                 delta = choice.get("delta") or {}
@@ -188,8 +189,7 @@ async def from_chat_stream(chunks: AsyncIterator[bytes], model_id: str,
         reason = "tool_use" if saw_tool else "stop_sequence" if stop else stop_reason(finish)
         yield event("message_delta", {
             "delta": {"stop_reason": reason, "stop_sequence": stop},
-            "usage": {"input_tokens": usage.get("prompt_tokens", 0),
-                      "output_tokens": usage.get("completion_tokens", 0)}})
+            "usage": usage or {"input_tokens": 0, "output_tokens": 0}})
         yield event("message_stop", {})
     finally:
         with contextlib.suppress(Exception):

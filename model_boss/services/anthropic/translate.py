@@ -16,7 +16,9 @@ _SAMPLING = ("temperature", "top_p", "top_k", "stream")
 # Anthropic's own fields with no chat-completions counterpart: not sent on
 _ANTHROPIC_ONLY = {"messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice",
                    "thinking", "metadata", "service_tier", "container", "mcp_servers",
-                   "context_management", *_SAMPLING}
+                   "context_management", "output_config", "output_format", "cache_control",
+                   "inference_geo", "speed", "diagnostics", "user_profile_id", "workspace_id",
+                   *_SAMPLING}
 
 
 def message_id() -> str:
@@ -43,7 +45,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[name] = body[name]
     if body.get("stream"):
         chat["stream_options"] = {"include_usage": True}
-    tools = body.get("tools")
+    tools = [t for t in body.get("tools") or [] if t.get("type") in (None, "custom")]
     if tools:
         chat["tools"] = [{"type": "function", "function": {
             "name": t["name"], "description": t.get("description") or "",
@@ -68,6 +70,8 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
     role, content = message["role"], message["content"]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
+    if role == "system":  # a system turn mid-conversation: text only
+        return [{"role": "system", "content": "\n\n".join(b.get("text", "") for b in content)}]
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
@@ -160,15 +164,27 @@ def from_chat(raw: bytes, model_id: str, stops: list[str] | None = None) -> byte
         content.append({"type": "tool_use", "id": call.get("id") or tool_use_id(),
                         "name": function.get("name", ""),
                         "input": tool_input(function.get("arguments"))})
-    usage = data.get("usage") or {}
     return orjson.dumps({
         "id": message_id(), "type": "message", "role": "assistant", "model": model_id,
         "content": content,
         "stop_reason": "stop_sequence" if stop is not None
         else stop_reason(choice.get("finish_reason"), content),
-        "stop_sequence": stop,
-        "usage": {"input_tokens": usage.get("prompt_tokens", 0),
-                  "output_tokens": usage.get("completion_tokens", 0)}})
+        "stop_sequence": stop, "usage": message_usage(data.get("usage") or {}, data)})
+
+
+def message_usage(usage: dict[str, Any], chunk: dict[str, Any]) -> dict[str, int]:
+    """A chat usage in Anthropic's terms: input tokens apart from those read from a prompt
+    cache (OpenAI's ``prompt_tokens_details.cached_tokens``, llama.cpp's ``timings.cache_n``),
+    which are ``cache_read_input_tokens``."""
+    prompt = int(usage.get("prompt_tokens") or 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is None:
+        cached = (chunk.get("timings") or {}).get("cache_n")
+    told = {"input_tokens": prompt, "output_tokens": int(usage.get("completion_tokens") or 0)}
+    if isinstance(cached, int) and 0 < cached <= prompt:
+        told["input_tokens"] = prompt - cached
+        told["cache_read_input_tokens"] = cached
+    return told
 
 
 def stop_reason(finish: str | None, content: list[dict[str, Any]] | None = None) -> str:
