@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -377,6 +378,20 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none found)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Skips counted by reason, before the short summary (``-ra`` lists them by place): a
+    part this machine lacks (a GPU, an optional engine or client, a browser) is named once,
+    with the number of tests it took out (a module skipped whole counts once)."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):  # (path, line, "Skipped: reason")
+            reasons[str(report.longrepr[2]).removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")
 
 
 @pytest.fixture(scope="session")
