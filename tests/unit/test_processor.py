@@ -100,7 +100,7 @@ def test_render_ps_shows_each_slot_as_it_is():
     rows = {line.split()[0]: line for line in text.splitlines() if line}
     assert "declared" in rows["0"]
     assert "100% GPU (declared)" in rows["full"] and "4 minutes from now" in rows["full"]
-    assert "1000 MB" in rows["full"]
+    assert "300 MB est." in rows["full"]  # one SIZE: the estimate (measured once it ran)
     assert "50%/50% CPU/GPU" in rows["half"] and "100% GPU" not in rows["half"]
     assert "100% CPU" in rows["parked"] and "Forever (pinned)" in rows["parked"]
     assert "GPU" not in rows["cold"].split("idle")[1]

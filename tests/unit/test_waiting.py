@@ -35,8 +35,9 @@ def chat(model: str, tokens: int) -> dict:
 
 
 async def _learn(client, model: str) -> None:
-    """A few requests of different lengths, one at a time: the model's rate is learned."""
-    for tokens in (20, 60, 40):
+    """A few short requests of different lengths, one at a time: the model's rate is learned
+    (and its mean request is short: a count of the requests ahead would say little)."""
+    for tokens in (10, 30, 20):
         assert (await client.post("/v1/chat/completions", json=chat(model, tokens))) \
             .status_code == 200
 
@@ -73,10 +74,11 @@ async def test_behind_its_own_models_requests_the_estimate_is_within_half(tmp_pa
     coord, _ = coordinator(tmp_path, [manifest("m", 1000)])
     async with started_client(coord) as client:
         await _learn(client, "m")
-        ahead = [await _start(client, coord, "m", tokens) for tokens in (150, 100, 200)]
+        ahead = [await _start(client, coord, "m", tokens) for tokens in (200, 150, 250)]
         estimated, waited = await _estimate_and_wait(client, chat("m", 10))
         await asyncio.gather(*ahead)
-    assert waited > 3.5  # 4.5 s of work ahead, less what the first had run
+    assert waited > 3.0  # 6 s of work ahead, less what the first had run
+    print(f"estimated {estimated:.2f} s, waited {waited:.2f} s")
     assert abs(estimated - waited) <= 0.5 * waited, (estimated, waited)
 
 
@@ -87,10 +89,11 @@ async def test_behind_another_model_on_the_gpu_it_needs_the_estimate_is_within_h
     async with started_client(coord) as client:
         await _learn(client, "n")  # n's rate and load time learned ...
         await _learn(client, "m")  # ... then m's, which took the GPU from it
-        ahead = [await _start(client, coord, "m", tokens) for tokens in (200, 150)]
+        ahead = [await _start(client, coord, "m", tokens) for tokens in (250, 200)]
         estimated, waited = await _estimate_and_wait(client, chat("n", 10))
         await asyncio.gather(*ahead)
-    assert waited > 3.0  # 3.5 s of m's work, less what ran, then n's load of 0.5 s
+    assert waited > 2.5  # 4.5 s of m's work, less what ran, then n's load of 0.5 s
+    print(f"estimated {estimated:.2f} s, waited {waited:.2f} s")
     assert abs(estimated - waited) <= 0.5 * waited, (estimated, waited)
 
 
