@@ -143,7 +143,7 @@ def test_rm_deletes_a_pulled_model_and_refuses_a_manifests(server, capsys, monke
     assert "ma-q4_k_m" not in models(server)
     assert not (server.workdir / "models" / "olla/ma/ma-Q4_K_M.gguf").exists()
     assert cli_main(["--url", server.url, "rm", "declared"]) == 1
-    assert "model_has_manifest" in capsys.readouterr().out
+    assert "is defined by" in capsys.readouterr().err  # the refusal, in one line
     refused = httpx.request("DELETE", server.url + "/api/delete", headers=ADMIN, timeout=30,
                             json={"model": "declared"})
     assert refused.status_code == 400 and "manifest" in refused.json()["error"]
