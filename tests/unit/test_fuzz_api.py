@@ -36,6 +36,7 @@ MODELS = ("a", "alias-a", "img", "voice", "task:none")
 VALID = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
          "/v1/completions": {"prompt": "hi"}, "/v1/embeddings": {"input": "hi"},
          "/v1/audio/speech": {"input": "hi"}, "/v1/images/generations": {"prompt": "a cat"}}
+ADMIN_KEY = "fuzz-admin"
 GPU_MB = 1 << 40
 MAX_ASK_MB = GPU_MB >> 12  # thousands of granted leases before the GPU is full
 ENVELOPE = {"message", "type", "param", "code"}
@@ -51,7 +52,8 @@ def schema(tmp_path):
         manifest("img", 500, category="diffusion", backend="diffusers"),
         manifest("voice", 500, category="tts", backend="command", command=["true"]),
     ], gpus=[{"index": 0, "name": "sim", "vram_mb": GPU_MB}], max_body_bytes=64 * 1024,
-        hf_endpoint=hub.url, allowed_hosts=["testserver"])  # the name schemathesis calls
+        hf_endpoint=hub.url, allowed_hosts=["testserver"],  # the name schemathesis calls
+        admin_api_key=ADMIN_KEY)  # managed keys made by the fuzz lock nothing away
     app = create_app(coordinator=coord)
     loaded = openapi.from_asgi("/openapi.json", app)
     steer(loaded)
@@ -170,7 +172,7 @@ def test_no_input_gives_a_5xx_and_every_error_is_the_envelope(schema):
                       suppress_health_check=list(HealthCheck), print_blob=True)
             @given(case=operation.as_strategy(generation_mode=mode))
             def call(case):
-                response = case.call()
+                response = case.call(headers={"authorization": f"Bearer {ADMIN_KEY}"})
                 statuses[response.status_code] += 1
                 found.extend(f"{case.method} {case.formatted_path} {case.body!r:.200}: {p}"
                              for p in problems(response, case.operation.path))
