@@ -143,13 +143,15 @@ def test_bearer_key_and_headers_are_taken(server: ServerProcess) -> None:
 
 def test_priority_and_client_reach_the_queue(client: anthropic.Anthropic,
                                              server: ServerProcess) -> None:
-    """x-priority and metadata.user_id (the client id) are the queue's, as on every route."""
+    """x-priority is the queue's, as on every route; with a key, metadata.user_id (the client
+    id) labels the end user under the key, which stays the queue's client."""
     client.messages.create(model="smol", max_tokens=2, messages=HI,
                            metadata={"user_id": "agent-7"},
                            extra_headers={"x-priority": "3"})
     entry = wait_for(lambda: next((r for r in requests_logged(server)
-                                   if r["client_id"] == "agent-7"), None), timeout=10)
+                                   if r.get("end_user") == "agent-7"), None), timeout=10)
     assert entry["priority"] == 3 and entry["model"] == "smol"
+    assert entry["client_id"] == "default"  # the config file's shared api_key
 
 
 # --- errors in Anthropic's envelope --------------------------------------------------------
