@@ -2,7 +2,8 @@
 
     python -m tests.fake_upstream --port N [--require-key KEY] [--fail-status 500]
         [--chunk-delay-ms 0] [--chunks 5] [--break-after N] [--answer-delay-ms 0]
-        [--arrivals-log FILE]
+        [--arrivals-log FILE] [--count-words] [--hold-marker WORD --hold-ms 10000
+        --held-log FILE]
 
 ``POST /v1/chat/completions`` answers with the last user message and the model name it
 received (``echo: <text>``, ``model: <name>``); a stream sends ``--chunks`` chunks, each
@@ -15,6 +16,15 @@ chunks (a remote that dies mid-stream); ``--arrivals-log`` appends the ``time.pe
 at which each chat request arrived (one clock for every process on the box). ``GET
 /v1/models`` lists one model. A wrong or missing key (with ``--require-key``: ``Authorization:
 Bearer`` or ``x-api-key``) gets 401 in the OpenAI envelope.
+
+``POST /v1/completions`` echoes the prompt the same way (whole, or ``--chunks`` chunks and a
+usage chunk when asked), and ``POST /v1/embeddings`` answers a 3-number vector per input.
+Every ``usage`` says 1 prompt token, unless ``--count-words``: then the words of the last user
+message, the prompt or the inputs (at least 1), so that each answer's figures differ (the
+usage ledger's tests match them token for token); completion tokens are 2 for a whole answer
+and ``--chunks`` for a stream. A request whose prompt holds ``--hold-marker`` is held
+``--hold-ms`` before its answer, and its arrival appended to ``--held-log``: a test that kills
+this process once the log says so knows that request was in it.
 
 It is also the baseline of ``benchmarks/proxy_overhead.py``, so it is a raw ASGI app with
 orjson on uvicorn's fastest loop and parser, without an access log.
@@ -96,6 +106,31 @@ def last_user_text(body: dict[str, Any]) -> str:
 TOOL_ARGUMENTS = ('{"city": ', '"Paris"}')
 
 
+def prompt_text(body: dict[str, Any]) -> str:
+    """What a request asks about: the last user message, a completion's prompt or the
+    inputs to embed (lists joined)."""
+    for field in ("prompt", "input"):
+        value = body.get(field)
+        if value is not None:
+            return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return last_user_text(body)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def embeddings_answer(body: dict[str, Any], model: Any, prompt_tokens: int) -> bytes:
+    inputs = body.get("input")
+    count = len(inputs) if isinstance(inputs, list) else 1
+    return orjson.dumps({
+        "object": "list", "model": model,
+        "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
+                 for i in range(count)],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+
+
 def tool_call_answer(body: dict[str, Any], model: Any) -> bytes:
     name = body["tools"][0]["function"]["name"]
     return orjson.dumps({
@@ -144,18 +179,25 @@ async def messages_answer(send: Send, body: dict[str, Any], chunks: int) -> None
 def make_app(require_key: str | None = None, fail_status: int | None = None,
              chunk_delay_ms: float = 0.0, chunks: int = 5,
              break_after: int | None = None, answer_delay_ms: float = 0.0,
-             arrivals: TextIO | None = None) -> ASGIApp:
+             arrivals: TextIO | None = None, count_words: bool = False,
+             hold_marker: str | None = None, hold_ms: float = 10_000.0,
+             held: TextIO | None = None) -> ASGIApp:
     """The ASGI app, configured by the command-line flags."""
     expected = f"Bearer {require_key}".encode() if require_key else None
     anthropic_key = require_key.encode() if require_key else None
     delay_s = chunk_delay_ms / 1000
 
-    async def stream(send: Send, model: Any, body: dict[str, Any]) -> None:
+    def prompt_tokens(body: dict[str, Any]) -> int:
+        return max(1, len(prompt_text(body).split())) if count_words else 1
+
+    async def stream(send: Send, model: Any, body: dict[str, Any],
+                     completion: bool = False) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"),
                                 (b"cache-control", b"no-cache")]})
-        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": model}
+        kind = "text_completion" if completion else "chat.completion.chunk"
+        base = {"id": "chatcmpl-fake", "object": kind, "created": int(time.time()),
+                "model": model}
         if body.get("tools"):
             name = body["tools"][0]["function"]["name"]
             for i, piece in enumerate(TOOL_ARGUMENTS):
@@ -180,17 +222,16 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
                 raise UpstreamBroke(f"dropping the connection after {i} chunks")
             if delay_s:
                 await asyncio.sleep(delay_s)
-            chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                     "created": int(time.time()), "model": model,
-                     "choices": [{"index": 0, "delta": {"content": f"part{i} "},
-                                  "finish_reason": None}]}
+            choice = ({"index": 0, "text": f"part{i} ", "finish_reason": None} if completion
+                      else {"index": 0, "delta": {"content": f"part{i} "},
+                            "finish_reason": None})
+            chunk = {"id": "chatcmpl-fake", "object": kind, "created": int(time.time()),
+                     "model": model, "choices": [choice]}
             await send({"type": "http.response.body", "more_body": True,
                         "body": b"data: " + orjson.dumps(chunk) + b"\n\n"})
         if (body.get("stream_options") or {}).get("include_usage"):
             await send({"type": "http.response.body", "more_body": True, "body": sse(
-                {**base, "choices": [], "usage": {"prompt_tokens": 1,
-                                                  "completion_tokens": chunks,
-                                                  "total_tokens": chunks + 1}})})
+                {**base, "choices": [], "usage": usage(prompt_tokens(body), chunks)})})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -221,7 +262,8 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
                 return
             await messages_answer(send, orjson.loads(await read_body(receive)), chunks)
             return
-        if path != "/v1/chat/completions" or method != "POST":
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions",
+                                            "/v1/embeddings"):
             await respond(send, 404, envelope(f"no route {method} {path}",
                                               "invalid_request_error", "not_found"))
             return
@@ -240,19 +282,28 @@ def make_app(require_key: str | None = None, fail_status: int | None = None,
             arrivals.write(f"{time.perf_counter()}\n")
         if answer_delay_ms:  # a remote that takes its time (queue benchmarks)
             await asyncio.sleep(answer_delay_ms / 1000)
-        if body.get("stream"):
-            await stream(send, model, body)
+        if hold_marker and hold_marker in prompt_text(body):  # in this process until killed
+            if held is not None:
+                held.write(f"{time.perf_counter()}\n")
+            await asyncio.sleep(hold_ms / 1000)
+        if path == "/v1/embeddings":
+            await respond(send, 200, embeddings_answer(body, model, prompt_tokens(body)))
             return
-        if body.get("tools"):
+        completion = path == "/v1/completions"
+        if body.get("stream"):
+            await stream(send, model, body, completion)
+            return
+        if body.get("tools") and not completion:
             await respond(send, 200, tool_call_answer(body, model))
             return
+        text = f"echo: {prompt_text(body) if completion else last_user_text(body)}"
+        choice = ({"index": 0, "finish_reason": "stop", "text": text} if completion
+                  else {"index": 0, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text}})
         await respond(send, 200, orjson.dumps({
-            "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-            "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant",
-                                     "content": f"echo: {last_user_text(body)}"}}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}))
+            "id": "chatcmpl-fake", "object": "text_completion" if completion
+            else "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage(prompt_tokens(body), 2)}))
 
     return app
 
@@ -277,12 +328,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="pause before every chat answer")
     parser.add_argument("--arrivals-log", type=Path,
                         help="append the time.perf_counter() of every chat request's arrival")
+    parser.add_argument("--count-words", action="store_true",
+                        help="usage counts the prompt's words as its prompt tokens")
+    parser.add_argument("--hold-marker", help="hold a request whose prompt holds this")
+    parser.add_argument("--hold-ms", type=float, default=10_000.0,
+                        help="how long a request with the marker is held")
+    parser.add_argument("--held-log", type=Path,
+                        help="append the time.perf_counter() of each held request's arrival")
     args = parser.parse_args(argv)
     import uvicorn
 
     arrivals = args.arrivals_log.open("a", buffering=1) if args.arrivals_log else None
+    held = args.held_log.open("a", buffering=1) if args.held_log else None
     uvicorn.run(make_app(args.require_key, args.fail_status, args.chunk_delay_ms, args.chunks,
-                         args.break_after, args.answer_delay_ms, arrivals),
+                         args.break_after, args.answer_delay_ms, arrivals,
+                         args.count_words, args.hold_marker, args.hold_ms, held),
                 host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 loop=fastest("uvloop", "asyncio"),
                 http=fastest("httptools", "h11"), lifespan="on")
