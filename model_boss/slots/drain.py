@@ -27,9 +27,9 @@ from ..errors import ModelBossError
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "shutting_down"
-# how long the requests cut get to send their last bytes, and how often they are asked again
-CUT_WAIT_S = 3.0
-CUT_AGAIN_S = 0.5
+# how long the requests cut get to send their last bytes (closing a worker's stream among
+# them); one still running then is left to uvicorn's own bound
+CUT_WAIT_S = 5.0
 # one hook of the drain's start (a cluster member leaving the view) may take this long
 HOOK_S = 5.0
 
@@ -46,12 +46,11 @@ class ShuttingDown(ModelBossError):
 @dataclass(eq=False, slots=True)
 class InFlight:
     """One request the HTTP edge is serving: its task, whether the drain waits for it, and
-    whether the drain cut it (its task was cancelled by the drain) and the cut was taken."""
+    whether the drain cut it (cancelled its task, once)."""
 
     task: asyncio.Task
     work: bool
     cut: bool = False
-    ending: bool = False  # the edge took the cut and is sending the answer's end
 
 
 class Drain:
@@ -131,12 +130,11 @@ class Drain:
         while self.requests and time.monotonic() < until:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CUT_AGAIN_S):
+                async with asyncio.timeout(until - time.monotonic()):
                     await self._changed.wait()
-            self._cut(again=True)  # a request that swallowed its cancel is cut again
         if self.requests:
-            log.warning("stopping: %d request(s) did not end after being cut",
-                        len(self.requests))
+            log.warning("stopping: %d request(s) still running %gs after being cut",
+                        len(self.requests), CUT_WAIT_S)
         log.info("stopping: drained after %.1fs%s", waited,
                  f"; {cut} request(s) cut" if cut else "; every request finished")
 
@@ -151,12 +149,12 @@ class Drain:
             self.handed.add(task)
             task.cancel()
 
-    def _cut(self, again: bool = False) -> int:
-        """Cancel every request's task; ``again``: those cut before whose task went on as if
-        it had not been (a cancel swallowed below the edge)."""
+    def _cut(self) -> int:
+        """Cancel every request's task, once (a second cancel would land in the clean-up
+        of the first: the edge could not tell it from the server's own)."""
         cut = 0
         for request in list(self.requests):
-            if request.cut != again or request.ending or request.task.done():
+            if request.cut or request.task.done():
                 continue
             request.cut = True
             request.task.cancel()

@@ -3,8 +3,8 @@
 ``/health`` (which says it drains) and ``/metrics``. Every request is registered with the
 drain while it runs; one the drain cuts (its task cancelled) is ended here: a 503 if its
 answer had not begun, else its stream's own end (OpenAI's error event and ``data: [DONE]``,
-Anthropic's ``event: error``, Ollama's ``{"error": ...}`` line), the same bytes a stream
-that fails midway ends with."""
+the Responses API's numbered ``event: error``, Anthropic's ``event: error``, Ollama's
+``{"error": ...}`` line), the same bytes a stream that fails midway ends with."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ...coordinator import Coordinator
 from ...errors import ModelBossError
 from ...services.anthropic.service import ADAPTER as ANTHROPIC
 from ...services.ollama.stream import error_line
+from ...services.responses import ADAPTER as RESPONSES
 from ...services.served import StreamEnd, openai_stream_end
 from ...slots.drain import InFlight, ShuttingDown
 from ..anthropic import is_anthropic_path
@@ -40,6 +41,8 @@ def stream_end(path: str) -> StreamEnd:
         return ANTHROPIC.stream_end
     if is_ollama_path(path):
         return _ollama_end
+    if path in ("/v1/responses", "/responses"):  # the Responses API's error event
+        return RESPONSES.stream_end
     return openai_stream_end
 
 
@@ -91,7 +94,6 @@ class DrainGate:
                 if not request.cut or task.uncancel() > 0:
                     raise  # not the drain's cut (or more than it): the server's own cancel
             if request.cut and not answer.ended:
-                request.ending = True
                 await self._end(scope, receive, request, answer)
         finally:
             drain.leave(request)
