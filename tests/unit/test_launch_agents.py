@@ -33,6 +33,7 @@ def test_claude_code_gets_the_daemon_for_every_model_it_would_pick() -> None:
                            "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
                            "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"}
     assert set(models.values()) == {"qwen2.5-coder-7b"}
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"  # a quarter of 32k
     for switch in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY",
                    "DISABLE_ERROR_REPORTING", "DISABLE_AUTOUPDATER"):
         assert env[switch] == "1"
@@ -119,6 +120,12 @@ def test_mask(secret: str, shown: str) -> None:
 @pytest.mark.parametrize(("context", "limit"), [(2048, 512), (32768, 8192), (500, 256)])
 def test_answer_limit(context: int, limit: int) -> None:
     assert answer_limit(context) == limit
+
+
+@pytest.mark.parametrize(("context", "limit"), [(8192, "2048"), (131072, "32000")])
+def test_claude_codes_answers_fit_the_model(context: int, limit: str) -> None:
+    target = Target(TARGET.url, KEY, TARGET.model, context)
+    assert build("claude", target=target).env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == limit
 
 
 def test_toml_strings_escape_what_toml_would_misread() -> None:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from model_boss.launch import AGENTS, ANSWER_ROOM, ServedModel, find_manifest, needed_context
+from model_boss.launch import (
+    AGENTS,
+    ANSWER_ROOM,
+    Agent,
+    ServedModel,
+    find_manifest,
+    needed_context,
+)
 from model_boss.launch import refusal as refusal_of
 
 
@@ -17,7 +24,7 @@ def model(context: int, trained: int | None = 8192, source: str = "manifest") ->
 
 def test_the_first_prompts_are_the_measured_ones() -> None:
     assert {name: agent.first_prompt for name, agent in AGENTS.items()} == {
-        "claude": 7_625, "codex": 4_556, "aider": 669, "opencode": None}
+        "claude": 7_625, "codex": 4_556, "aider": 669, "opencode": 7_580}
     assert needed_context(AGENTS["claude"]) == 7_625 + ANSWER_ROOM
 
 
@@ -30,10 +37,17 @@ def test_the_first_prompts_are_the_measured_ones() -> None:
     ("codex", 4096, False),
     ("aider", 2048, True),
     ("aider", 1024, False),
-    ("opencode", 64, True),  # not measured: not checked
+    ("opencode", 8092, True),
+    ("opencode", 8091, False),
 ])
 def test_what_fits(agent: str, context: int, fits: bool) -> None:
     assert (refusal_of(AGENTS[agent], model(context), None) is None) is fits
+
+
+def test_an_agent_not_measured_is_not_checked() -> None:
+    unmeasured = Agent("x", "x", "install x", None, AGENTS["aider"].build)
+    assert needed_context(unmeasured) is None
+    assert refusal_of(unmeasured, model(64), None) is None
 
 
 def test_a_manifest_model_is_refused_with_the_figures_and_the_file() -> None:
