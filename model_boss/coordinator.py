@@ -15,11 +15,11 @@ import psutil
 
 from .backends.processes import reap_orphans
 from .backends.spare import DIFFUSERS, TRANSFORMERS
-from .catalog import BackendKind, build_catalog
+from .catalog import BackendKind, build_catalog, context_view
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
-from .gpu import EmbeddedLeaseStore, GPUBoss, discover_gpus, open_nvml
+from .gpu import EmbeddedLeaseStore, GPUBoss, context_fitter, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
 from .history import History, RequestRing
 from .image_files import ImageFiles
@@ -66,9 +66,10 @@ class Coordinator:
         self.usage = UsageLedger(settings.state_path / "usage.sqlite3"
                                  if settings.usage_ledger else None)
         self.started_at = time.time()
-        self.catalog = build_catalog(settings)
         self.nvml = open_nvml() if settings.use_nvml else None
         self.gpus = discover_gpus(settings.gpus, self.nvml)
+        self.context_fit = context_fitter(self.gpus, settings.vram_margin_mb, self.nvml)
+        self.catalog = build_catalog(settings, self.context_fit)
         self.store = self._make_store()
         self.boss = GPUBoss(self.store, self.gpus, margin_mb=settings.vram_margin_mb,
                             nvml=self.nvml, ttl_s=settings.lease_ttl_s)
@@ -90,7 +91,8 @@ class Coordinator:
             state_file=settings.state_path / "runtime_config.json",
             redis_url=settings.redis_url)
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
-        self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events)
+        self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events,
+                                fit=self.context_fit)
         self.pulls = Pulls(settings, self.catalog, self.pool, self.events, self.reload)
         for position, preload in enumerate(settings.preload):
             if preload.model not in self.catalog:
@@ -363,7 +365,7 @@ class Coordinator:
         return [
             {"id": e.manifest.id, "aliases": list(e.manifest.aliases),
              "category": str(e.manifest.category), "backend": str(e.manifest.backend),
-             "source": e.manifest.source,
+             "source": e.manifest.source, **context_view(e.manifest),
              "parallel": e.manifest.concurrency, "pin": e.manifest.pin,
              "available": e.available, "unavailable_reason": e.unavailable_reason,
              "queued": queued.get(e.manifest.id, 0),

@@ -160,9 +160,13 @@ def render_ps(status: dict[str, Any], now: float) -> str:
     kept = [f"{s['model']} {s['prompt_cache']['files']} saved "
             f"({human_size(s['prompt_cache']['mb'])}, restored {s['prompt_cache']['restores']}x)"
             for s in status["slots"] if (s.get("prompt_cache") or {}).get("files")]
+    lowered = [f"{r['model']} {r['info']['ctx_size']} ({r['info']['ctx_note']})" for r in rows
+               if r["info"].get("ctx_note")]
     lines.append("")
     if why:
         lines.append("unavailable: " + "; ".join(why))
+    if lowered:
+        lines.append("contexts lowered to fit: " + "; ".join(lowered))
     if kept:
         lines.append("prompt caches: " + "; ".join(kept))
     lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}")

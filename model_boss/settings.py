@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     models_dir: Path = Path("~/.cache/model-boss/models")
     # every model file under models_dir is served without a manifest (docs/MODELS.md)
     discover: bool = True
-    default_ctx_size: int = Field(default=4096, ge=64)  # a discovered GGUF's served context
+    # a llama.cpp model's context when its GGUF names no trained one (and no manifest ctx_size)
+    default_ctx_size: int = Field(default=4096, ge=64)
     # manifests, tasks_file and models_dir are watched; a change reloads the catalog
     watch: bool = True
     watch_debounce_ms: int = Field(default=800, ge=50)

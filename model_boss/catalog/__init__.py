@@ -2,6 +2,7 @@
 
 from .build import CatalogDiff, build_catalog, diff_catalogs
 from .catalog import Catalog, CatalogEntry
+from .context import ContextFit, context_view
 from .manifest import BackendKind, Category, ModelManifest, load_manifests, parse_manifest_text
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "CatalogDiff",
     "CatalogEntry",
     "Category",
+    "ContextFit",
+    "context_view",
     "build_catalog",
     "diff_catalogs",
     "ModelManifest",

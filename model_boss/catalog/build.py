@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..settings import Settings
 from .catalog import Catalog
+from .context import ContextFit, served_contexts
 from .discovery import discover
 from .manifest import ModelManifest, load_manifests
 
@@ -32,6 +33,7 @@ def overlay(found: ModelManifest, manifest: ModelManifest) -> ModelManifest:
     data.update({name: getattr(manifest, name) for name in manifest.model_fields_set})
     merged = ModelManifest.model_validate(data)
     merged.source_file = manifest.source_file
+    merged.ctx_from = manifest.ctx_from or found.ctx_from  # the manifest's ctx_size wins
     return merged
 
 
@@ -63,21 +65,23 @@ def merge(manifests: list[ModelManifest], found: list[ModelManifest],
     return merged
 
 
-def read_models(settings: Settings) -> list[ModelManifest]:
-    """Every model the settings describe. ConfigError (naming the file and the field) when a
-    manifest cannot be read; the default manifests folder may be missing."""
+def read_models(settings: Settings, fit: ContextFit | None = None) -> list[ModelManifest]:
+    """Every model the settings describe, each llama.cpp model with the context it is served
+    with (:mod:`.context`; ``fit`` lowers a trained context the GPUs cannot hold).
+    ConfigError (naming the file and the field) when a manifest cannot be read; the default
+    manifests folder may be missing."""
     sources = settings.manifests
     if "manifests" not in settings.model_fields_set:
         sources = [s for s in sources if s.expanduser().exists()]
-    manifests = load_manifests(sources)
-    if not settings.discover:
-        return manifests
-    return merge(manifests, discover(settings.models_path, settings.default_ctx_size),
-                 settings.models_path)
+    models = load_manifests(sources)
+    if settings.discover:
+        models = merge(models, discover(settings.models_path, settings.default_ctx_size),
+                       settings.models_path)
+    return served_contexts(models, settings.models_path, settings.default_ctx_size, fit)
 
 
-def build_catalog(settings: Settings) -> Catalog:
-    return Catalog(read_models(settings), settings.models_path)
+def build_catalog(settings: Settings, fit: ContextFit | None = None) -> Catalog:
+    return Catalog(read_models(settings, fit), settings.models_path)
 
 
 @dataclass(slots=True)

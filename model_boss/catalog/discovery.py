@@ -3,8 +3,9 @@
 A ``*.gguf`` is served by llama.cpp under its file stem, lowercased; the parts of a split model
 (``name-00001-of-00003.gguf``) are one model ``name``; a ``mmproj*.gguf`` is the vision
 projector of the models beside it, not a model; a folder holding ``model_index.json`` is a
-diffusers pipeline. The GGUF header says the rest: the trained context (served: the smaller of
-it and ``default_ctx_size``) and, from its pooling type, whether it embeds or reranks.
+diffusers pipeline. The GGUF header says the rest: the trained context (served as far as the
+GPUs hold its KV cache, :mod:`.context`; ``default_ctx_size`` when the header names none)
+and, from its pooling type, whether it embeds or reranks.
 
 A folder with a ``config.json`` and its weights, as ``save_pretrained`` (or a hub download)
 leaves it, is a transformers model when its files say which kind: a sentence-transformers
@@ -187,15 +188,18 @@ def describe(found: FoundModel, default_ctx_size: int, pulled: bool = False) -> 
     except (OSError, ValueError) as exc:
         return ModelManifest(**fields, problem=f"cannot read the GGUF header: {exc}")
     trained = meta.get(f"{meta.get('general.architecture', '')}.context_length")
-    if isinstance(trained, int) and trained > 0:
-        fields["ctx_size"] = max(64, min(trained, default_ctx_size))
+    known = isinstance(trained, int) and trained > 0
+    if known:
+        fields["ctx_size"] = max(64, trained)
     pooling = pooling_of(meta)
     if pooling == "rank":
         fields.update(category=Category.EMBEDDING, reranking=True)
     elif (pooling not in (None, "none")
           or meta.get("general.architecture") in ENCODERS):
         fields.update(category=Category.EMBEDDING, embeddings=True)
-    return ModelManifest(**fields)
+    found_model = ModelManifest(**fields)
+    found_model.ctx_from = "trained" if known else "default"
+    return found_model
 
 
 def discover(models_dir: Path, default_ctx_size: int) -> list[ModelManifest]:

@@ -69,7 +69,9 @@ class ModelManifest(BaseModel):
     thinking: bool | None = None
     # llama-server: each field is one server flag (docs/CONFIGURATION.md)
     worker: LlamaWorker | None = None  # None: settings.llama_worker
-    ctx_size: int = Field(default=2048, ge=64)  # KV cache tokens, shared by the parallel slots
+    # KV cache tokens, shared by the parallel slots; unset: the GGUF's trained context, as far
+    # as the GPUs' VRAM holds its KV cache (catalog/context.py, gpu/context_fit.py)
+    ctx_size: int = Field(default=2048, ge=64)
     gpu_layers: int | str = "auto"
     allow_partial: bool = False
     min_gpu_layers: int = Field(default=0, ge=0)
@@ -113,6 +115,11 @@ class ModelManifest(BaseModel):
     source: Literal["manifest", "discovered", "pulled"] = Field(default="manifest",
                                                                 exclude=True)
     problem: str | None = Field(default=None, exclude=True)  # why it cannot be served
+    # where ctx_size came from (catalog/context.py): a manifest's own ctx_size, the GGUF's
+    # trained context, or default_ctx_size; and why it is less than trained, when it is
+    ctx_from: Literal["manifest", "trained", "default"] | None = Field(default=None,
+                                                                       exclude=True)
+    ctx_note: str | None = Field(default=None, exclude=True)
 
     @field_validator("gpu_layers")
     @classmethod
@@ -190,7 +197,7 @@ class ModelManifest(BaseModel):
         return [self.id, *self.aliases]
 
 
-INTERNAL_FIELDS = {"source_file", "source", "problem"}
+INTERNAL_FIELDS = {"source_file", "source", "problem", "ctx_from", "ctx_note"}
 
 
 def _manifest_files(sources: list[Path]) -> list[Path]:
@@ -229,6 +236,8 @@ def parse_manifest_text(text: str, source: str = "<string>") -> list[ModelManife
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(where, exc)) from exc
         manifest.source_file = source
+        if "ctx_size" in entry:
+            manifest.ctx_from = "manifest"
         manifests.append(manifest)
     return manifests
 

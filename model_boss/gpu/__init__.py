@@ -1,11 +1,13 @@
 """GPUs: inventory, the VRAM lease coordinator and its stores."""
 
 from .boss import GPUBoss
+from .context_fit import ContextFitter, context_fitter
 from .embedded_store import EmbeddedLeaseStore
 from .inventory import GPUInfo, GPUUsage, NvmlProbe, discover_gpus, open_nvml
 from .lease import Lease, LeaseStore
 
 __all__ = [
+    "ContextFitter",
     "EmbeddedLeaseStore",
     "GPUBoss",
     "GPUInfo",
@@ -13,6 +15,7 @@ __all__ = [
     "Lease",
     "LeaseStore",
     "NvmlProbe",
+    "context_fitter",
     "discover_gpus",
     "open_nvml",
 ]

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog, build_catalog, diff_catalogs
+from ..catalog import Catalog, ContextFit, build_catalog, diff_catalogs
 from ..catalog.discovery import PARTIAL_SUFFIXES, PULLS_FILE
 from ..catalog.tasks import TaskRegistry
 from ..errors import ConfigError
@@ -36,8 +36,9 @@ class LiveCatalog:
     """Reloads ``catalog`` and ``tasks`` in place (everyone holds these same objects)."""
 
     def __init__(self, settings: Settings, catalog: Catalog, tasks: TaskRegistry,
-                 pool: ModelPool, events: EventBus) -> None:
+                 pool: ModelPool, events: EventBus, fit: ContextFit | None = None) -> None:
         self.settings = settings
+        self.fit = fit  # the contexts' fit to the GPUs, as the first catalog was built with
         self.catalog = catalog
         self.tasks = tasks
         self.pool = pool
@@ -54,7 +55,7 @@ class LiveCatalog:
         """Read every file again; the answer: ``{added, changed, removed, errors}``."""
         async with self._lock:
             try:
-                new = await asyncio.to_thread(build_catalog, self.settings)
+                new = await asyncio.to_thread(build_catalog, self.settings, self.fit)
                 tasks = TaskRegistry.load(self.settings.tasks_file, new)
             except (ConfigError, Exception) as exc:  # whatever it was, nothing changes
                 self.errors = [exc.message if isinstance(exc, ConfigError)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 import uuid
 from collections import Counter
@@ -19,6 +20,7 @@ from ..usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
 from .seams import SlotReading
 
+log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class QueuedRequest:
@@ -174,13 +176,21 @@ class SlotTicket:
         self.status = 200  # the answer's HTTP status, where not 200
         self.metered: int | None = None  # its place on its slot's busy clock (Meter)
         self.load_s = 0.0  # the load it caused, charged to it
+        self.settled: list[Callable[[], None]] = []  # told after the release (clean-ups)
         self._released = False
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:
         if self._released:
             return
         self._released = True
-        self._on_release(self, ok, client_fault)
+        try:
+            self._on_release(self, ok, client_fault)
+        finally:
+            for settled in self.settled:
+                try:
+                    settled()
+                except Exception:  # a clean-up's failure never stops the others
+                    log.exception("a request's clean-up failed")
 
 
 # the gate's "this request reached the queue" for the request served in this context

@@ -70,13 +70,15 @@ class WorkerCall:
     """What one request sends its worker, and how the worker's answer is told back to the
     caller: ``answer`` rewrites a whole 2xx body, ``chunks`` wraps a stream, ``gather``
     makes a stream one whole answer before the slot is given back (a job asks its worker
-    for a stream, to count its tokens, and answers whole)."""
+    for a stream, to count its tokens, and answers whole); ``settled`` is told once the
+    request is over, however it ended (with its slot given back)."""
 
     endpoint: str
     body: dict[str, Any]
     answer: Callable[[bytes], bytes] | None = None
     chunks: Callable[[Chunks], Chunks] | None = None
     gather: Callable[[UpstreamResponse], Awaitable[UpstreamResponse]] | None = None
+    settled: Callable[[], None] | None = None
 
 
 class Adapter(Protocol):

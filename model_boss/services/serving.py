@@ -305,8 +305,8 @@ def _too_many_choices(manifest: ModelManifest, endpoint: str,
 
 def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
     """The thinking toggle, as OpenAI-compatible servers take it: a chat template kwarg
-    (the request's own ``chat_template_kwargs`` win)."""
-    if thinking is None or endpoint != CHAT:
+    (the request's own ``chat_template_kwargs`` win); llama.cpp's Responses API too."""
+    if thinking is None or endpoint not in (CHAT, "/v1/responses"):
         return
     kwargs = dict(body.get("chat_template_kwargs") or {})
     kwargs.setdefault("enable_thinking", thinking)
@@ -346,6 +346,7 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")
         call = (adapter.call(backend, manifest.id, queued.endpoint, body) if adapter
                 else WorkerCall(queued.endpoint, body))
+        ticket.settled += [call.settled] if call.settled else []
         _think(call.body, call.endpoint, ext.thinking if ext.thinking is not None
                else manifest.thinking)
         work = (worker_props(backend, manifest.id) if call.endpoint == PROPS

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..catalog import CatalogEntry
+from ..catalog.context import context_view
 from ..errors import ModelBossError
 from ..events import EventBus
 from ..gpu.estimate import VramEstimate
@@ -168,7 +169,7 @@ class ModelSlot:
             "port": self.port,
             "pinned": self.pinned,
             "active_requests": self.active,
-            "parallel": self.parallel,
+            "parallel": self.parallel, **context_view(manifest),
             "vram_estimate": self.estimate.to_dict() if self.estimate else None,
             "measured_mb": self.measured_mb,
             "lease": self.lease.to_dict() if self.lease else None,

@@ -115,6 +115,22 @@ def test_a_prompt_over_the_context_is_llamas_own_error(server: ServerProcess) ->
     assert error["code"] == "context_length_exceeded"
     assert error["n_ctx"] <= 256 < error["n_prompt_tokens"]
     assert "/" not in error["message"]
+    # what sets the context, where a person can change it (catalog/context.py)
+    assert error["message"].endswith("'smol-short' runs with a context of 256 tokens, set by "
+                                     "`ctx_size` in its manifest (smol-short.yaml)")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_prompt_over_the_context_says_where_it_is_set(server: ServerProcess,
+                                                                  stream: bool) -> None:
+    answer = server.client().post("/v1/responses", json={
+        "model": "smol-short", "max_output_tokens": 4, "stream": stream,
+        "input": "hello there " * 300})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "runs with a context of 256 tokens, set by `ctx_size` in its manifest " \
+           "(smol-short.yaml)" in error["message"]
 
 
 # --- /slots, and a disconnect that frees the slot ------------------------------------------

@@ -51,6 +51,17 @@ Call one as <tool_call>{"name": <function-name>, "arguments": <args-json-object>
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
+# the same template, thinking: the generation prompt opens <think> when enable_thinking is on
+# and earlier turns' reasoning is rendered, so llama.cpp parses what follows as reasoning
+THINK_TEMPLATE = TOOLS_TEMPLATE.replace(
+    "{% elif message.role == \"assistant\" %}<|im_start|>assistant\n",
+    "{% elif message.role == \"assistant\" %}<|im_start|>assistant\n{%- if "
+    "message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n"
+    "{% endif %}").replace(
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n",
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is not "
+    "defined or enable_thinking %}<think>\n{% endif %}")
+
 TASKS = """
 default_task: chat
 tasks:
@@ -74,9 +85,13 @@ def server(tmp_path_factory, demo_gguf):
     workdir = tmp_path_factory.mktemp("fidelity")
     (workdir / "tasks.yaml").write_text(TASKS)
     (workdir / "tools.jinja").write_text(TOOLS_TEMPLATE)
+    (workdir / "think.jinja").write_text(THINK_TEMPLATE)
     manifests = [
         llama_manifest("smol", demo_gguf, aliases=["demo"]),
         llama_manifest("smol-tools", demo_gguf, chat_template=str(workdir / "tools.jinja")),
+        # thinks on every request (the manifest's toggle), on two slots
+        llama_manifest("smol-think", demo_gguf, chat_template=str(workdir / "think.jinja"),
+                       thinking=True, parallel=2),
         llama_manifest("smol-embed", demo_gguf, embeddings=True, category="embedding",
                        pooling="mean"),
         llama_manifest("smol-crashy", demo_gguf),  # the cooldown test kills its workers
@@ -364,6 +379,89 @@ def test_responses_api(client):
     kinds = {event.type for event in events}
     assert {"response.created", "response.output_text.delta", "response.completed"} <= kinds
     assert events[-1].response.output_text
+
+
+# --- the Responses API as coding agents read it ------------------------------------------
+
+ITEM_EVENTS = ("response.output_item.", "response.content_part.", "response.output_text.",
+               "response.reasoning_text.", "response.function_call_arguments.")
+PART_EVENTS = ("response.content_part.", "response.output_text.", "response.reasoning_text.")
+
+
+def assert_numbered_and_indexed(events) -> None:
+    """Every event numbered from 0 by 1; item events indexed; each item added then done at
+    its index; the last response lists the items the stream told, in their order."""
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added, done = {}, {}
+    for event in events:
+        if event.type.startswith(ITEM_EVENTS):
+            assert isinstance(event.output_index, int), event
+        if event.type.startswith(PART_EVENTS):
+            assert isinstance(event.content_index, int), event
+        if event.type == "response.output_item.added":
+            added[event.output_index] = event.item.id
+        if event.type == "response.output_item.done":
+            done[event.output_index] = event.item.id
+    assert added == done and sorted(added) == list(range(len(added)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    final = events[-1].response
+    assert final.id.startswith("resp_") and final.id == events[0].response.id
+    assert [item.id for item in final.output] == [added[i] for i in sorted(added)]
+
+
+def test_a_responses_stream_is_numbered_and_indexed(client):
+    events = list(client.responses.create(model="smol", input="Say hello.",
+                                          max_output_tokens=6, stream=True))
+    assert_numbered_and_indexed(events)
+    kinds = [e.type for e in events]
+    assert kinds.count("response.output_text.done") == 1
+    assert kinds.count("response.content_part.done") == 1
+    assert events[-1].response.usage.input_tokens_details.cached_tokens >= 0
+
+
+def test_thinking_is_a_reasoning_item(client):
+    events = list(client.responses.create(model="smol-think", input="Say hello.",
+                                          max_output_tokens=8, temperature=0, stream=True))
+    assert_numbered_and_indexed(events)
+    first = next(e for e in events if e.type == "response.output_item.added")
+    assert first.item.type == "reasoning" and first.output_index == 0
+    deltas = [e for e in events if e.type == "response.reasoning_text.delta"]
+    done = next(e for e in events if e.type == "response.reasoning_text.done")
+    assert deltas and done.text == "".join(d.delta for d in deltas)
+    reasoning = events[-1].response.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == done.text
+    usage = events[-1].response.usage
+    assert 0 < usage.output_tokens_details.reasoning_tokens <= usage.output_tokens
+
+
+def test_streamed_function_calls_are_numbered_items(client):
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+            "parameters": WEATHER["function"]["parameters"]}
+    events = list(client.responses.create(
+        model="smol-tools", input="What is the weather in Paris?", tools=[tool],
+        max_output_tokens=40, temperature=0, stream=True,
+        extra_body={"logit_bias": CALL_BIAS}))
+    assert_numbered_and_indexed(events)
+    call = next(e.item for e in events if e.type == "response.output_item.done")
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.id.startswith("fc_") and call.call_id
+    closing = next(e for e in events if e.type == "response.function_call_arguments.done")
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"
+              and e.output_index == closing.output_index]
+    assert closing.arguments == "".join(deltas) == call.arguments
+
+
+def test_a_whole_response_with_a_prompt_cache_key(client):
+    ask = dict(model="smol-think", input="Say hello.", max_output_tokens=4, temperature=0,
+               prompt_cache_key="session-1")
+    first = client.responses.create(**ask)
+    again = client.responses.create(**ask)
+    assert first.id.startswith("resp_") and first.id != again.id
+    assert all(item.id and item.status == "completed" for item in first.output)
+    assert first.output[0].type == "reasoning"
+    assert first.usage.output_tokens_details.reasoning_tokens > 0
+    # the same session on the same slot: its prompt read from the cache
+    assert again.usage.input_tokens_details.cached_tokens > 0
 
 
 async def test_responses_api_async(aclient):

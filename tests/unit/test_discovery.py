@@ -155,9 +155,9 @@ def test_the_header_says_what_routes_a_file_answers(tmp_path, arch, pooling, cat
 
 
 @pytest.mark.parametrize(("trained", "default", "served"),
-                         [(8192, 4096, 4096), (2048, 4096, 2048), (0, 4096, 4096)])
-def test_served_context_is_the_smaller_of_trained_and_default(tmp_path, trained, default,
-                                                              served):
+                         [(8192, 4096, 8192), (2048, 4096, 2048), (0, 4096, 4096)])
+def test_served_context_is_the_trained_one_else_the_default(tmp_path, trained, default,
+                                                            served):
     write_gguf(tmp_path / "models" / "m.gguf", context=trained)
     assert models(tmp_path, default_ctx_size=default)["m"].manifest.ctx_size == served
 
@@ -264,4 +264,4 @@ def test_two_hundred_files_are_two_hundred_models(tmp_path):
         (tmp_path / "models" / f"m{i:03}.gguf").symlink_to(source)
     found = models(tmp_path)  # how long it takes: benchmarks/discovery_startup.py
     assert sorted(found) == [f"m{i:03}" for i in range(200)]
-    assert all(e.available and e.manifest.ctx_size == 4096 for e in found.values())
+    assert all(e.available and e.manifest.ctx_size == 8192 for e in found.values())

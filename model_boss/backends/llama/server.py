@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 
+from ...catalog.context import explain_overflow
 from ...catalog.manifest import ModelManifest
-from ...errors import LoadFailed
+from ...errors import LoadFailed, ModelBossError
 from ...gpu.placement import Placement
 from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
@@ -88,6 +89,9 @@ class LlamaCppServerBackend(LlamaServerBackend):
     (:mod:`.prompt_cache`)."""
 
     secret_env = "LLAMA_API_KEY"
+    # its /v1/responses events come without OpenAI's sequence numbers and indexes (told on
+    # the way back: services/responses); its slots take a request's id_slot
+    llama_responses = True
     prompt_cache: PromptCache | None = None  # the pool's
     _shelf: Path | None = None
 
@@ -140,11 +144,16 @@ class LlamaCppServerBackend(LlamaServerBackend):
                              stream: bool) -> UpstreamResponse:
         """A non-streamed generation is asked for as a stream and gathered here: llama.cpp's
         server stops a stream whose caller went away, but not a whole answer
-        (:mod:`.llama_collect`)."""
-        if stream or not collectable(endpoint, body):
-            return self.fingerprinted(await super().handle_request(endpoint, body, stream))
-        upstream = await super().handle_request(endpoint, as_stream(endpoint, body), True)
-        return await gather(endpoint, self.fingerprinted(upstream), self.manifest.id)
+        (:mod:`.llama_collect`). A prompt longer than the context is refused saying the
+        model's context and the field that sets it."""
+        try:
+            if stream or not collectable(endpoint, body):
+                return self.fingerprinted(await super().handle_request(endpoint, body, stream))
+            upstream = await super().handle_request(endpoint, as_stream(endpoint, body), True)
+            return await gather(endpoint, self.fingerprinted(upstream), self.manifest.id)
+        except ModelBossError as exc:
+            explain_overflow(exc, self.manifest)
+            raise
 
     def llama_build(self) -> str | None:
         """The llama.cpp build, for answers whose server says only ``b0-unknown``; None: not
