@@ -24,7 +24,8 @@ class Member:
 
     def __init__(self, url: str, prefix: str, name: str, tmp_path) -> None:
         self.name = name
-        self.keys = KeyStore(Settings(tasks_file=None, manifests=[]), tmp_path / f"{name}.db")
+        self.keys = KeyStore(Settings(tasks_file=None, manifests=[], admin_api_key="adm"),
+                             tmp_path / f"{name}.db")
         self.ledger = UsageLedger(None)
         self.store = ClusterStore(url, prefix=prefix)
         self.tenancy = SharedTenancy(self.store)
