@@ -20,18 +20,25 @@ minute of 6,000 requests and 30 days of hourly totals: CPU time, which a busy bo
 far less than it does wall-clock latencies) and the ledger's raw write rate
 (``benchmarks/ledger_writes.py``: 50,000 rows recorded at once, the background writer).
 
+``--instructions`` measures instead what no busy box blurs: the instructions one request
+costs through the whole app in one process (``tests/unit/fakes.py``'s worker, an in-process
+client), with no keys, the ledger, a managed key, and a key with every limit, counted by
+valgrind (``cachegrind --cache-sim=no``) for 40 and 240 requests: the difference over 200.
+
 Goal (issue 39): keys, limits and the ledger add ≤ 0.1 ms at p50 and lose no requests/s at
 concurrency 32. Loopback only; ends by itself. ``--code DIR`` runs every side from another
 checkout (``git worktree add DIR COMMIT``), ``--keys-code DIR`` only the keyed side, to see
 what a change did.
 
     .venv/bin/python benchmarks/tenancy_overhead.py [--rounds 5] [--requests 500] [--seconds 3]
+    .venv/bin/python benchmarks/tenancy_overhead.py --instructions   # needs valgrind; minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import subprocess
 import sys
@@ -87,6 +94,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keys-code", type=Path,
                         help="run the keyed side from this checkout (an older commit's "
                              "worktree: what a change did)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per request in one process (valgrind)")
+    parser.add_argument("--in-process", nargs=2, metavar=("SIDE", "N"),
+                        help=argparse.SUPPRESS)  # one counted run (what --instructions starts)
     return parser.parse_args()
 
 
@@ -214,8 +225,75 @@ async def ledger_rate(rows: int) -> float:
     return result["rows_s"]
 
 
+# the in-process sides: settings, and the key's limits (None: no key)
+IN_PROCESS = {"open": ({"usage_ledger": False}, None), "ledger": ({}, None),
+              "key": ({"admin_api_key": ADMIN_KEY}, {}),
+              "key + limits": ({"admin_api_key": ADMIN_KEY}, LIMITS)}
+COUNTED = (40, 240)  # requests per counted run: the difference is what requests cost
+
+
+async def serve_in_process(side: str, count: int) -> None:
+    """``count`` chat completions through the app in this process (a fake worker that says
+    its usage), 4 at a time; the usage written before the end."""
+    from tests.unit.fakes import coordinator, manifest, started_client
+
+    settings, limits = IN_PROCESS[side]
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "ping"}]}
+    with tempfile.TemporaryDirectory() as tmp:
+        coord, _ = coordinator(Path(tmp), [manifest("m", 1000)],
+                               backend_kwargs={"tokens": 5}, **settings)
+        async with started_client(coord) as client:
+            headers = {}
+            if limits is not None:
+                _, secret = await coord.keys.create("tenant", ClientProfile(**limits))
+                headers = {"authorization": f"Bearer {secret}"}
+
+            async def one_client(requests: int) -> None:
+                for _ in range(requests):
+                    answer = await client.post("/v1/chat/completions", json=body,
+                                               headers=headers)
+                    answer.raise_for_status()
+
+            await asyncio.gather(*(one_client(count // 4) for _ in range(4)))
+            await coord.usage.flush()
+
+
+def count_instructions() -> dict[str, float]:
+    """Instructions per request of each in-process side (valgrind's count)."""
+    per_request = {}
+    for side in IN_PROCESS:
+        counts = []
+        for count in COUNTED:
+            run = subprocess.run(
+                ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                 "--cachegrind-out-file=/dev/null", sys.executable, __file__,
+                 "--in-process", side, str(count)], capture_output=True, text=True, check=True)
+            found = re.search(r"I\s+refs:\s+([\d,]+)", run.stderr)
+            assert found is not None, run.stderr[-2000:]
+            counts.append(int(found.group(1).replace(",", "")))
+        per_request[side] = (counts[1] - counts[0]) / (COUNTED[1] - COUNTED[0])
+        print(f"  {side}: {per_request[side]:,.0f} instructions a request", flush=True)
+    return per_request
+
+
+def print_instructions(per_request: dict[str, float]) -> None:
+    base = per_request["open"]
+    print(f"\nInstructions per chat completion through the app in one process (client "
+          f"included), {COUNTED[1]} less {COUNTED[0]} requests\n")
+    print("| side | instructions a request | added to open |")
+    print("|---|---:|---:|")
+    for side, value in per_request.items():
+        print(f"| {side} | {value:,.0f} | {value - base:+,.0f} ({value / base - 1:+.1%}) |")
+
+
 def main() -> None:
     args = parse_args()
+    if args.in_process:
+        asyncio.run(serve_in_process(args.in_process[0], int(args.in_process[1])))
+        return
+    if args.instructions:
+        print_instructions(count_instructions())
+        return
     upstream: subprocess.Popen | None = None
     servers: dict[str, BenchServer] = {}
     try:
