@@ -148,8 +148,11 @@ def test_priority_and_client_reach_the_queue(client: anthropic.Anthropic,
     client.messages.create(model="smol", max_tokens=2, messages=HI,
                            metadata={"user_id": "agent-7"},
                            extra_headers={"x-priority": "3"})
-    entry = wait_for(lambda: next((r for r in requests_logged(server)
-                                   if r.get("end_user") == "agent-7"), None), timeout=10)
+    entry = wait_for(lambda: next(iter(server.client().get(
+        "/api/v1/requests", params={"client": "agent-7"},
+        headers={"authorization": f"Bearer {USER_KEY}"}).json()["requests"]), None),
+        timeout=10)
+    assert entry["end_user"] == "agent-7"
     assert entry["priority"] == 3 and entry["model"] == "smol"
     assert entry["client_id"] == "default"  # the config file's shared api_key
 

@@ -92,7 +92,9 @@ async def test_behind_another_model_on_the_gpu_it_needs_the_estimate_is_within_h
         ahead = [await _start(client, coord, "m", tokens) for tokens in (250, 200)]
         estimated, waited = await _estimate_and_wait(client, chat("n", 10))
         await asyncio.gather(*ahead)
-    assert waited > 2.5  # 4.5 s of m's work, less what ran, then n's load of 0.5 s
+    # 4.5 s of m's work, less what ran before the job came (more on a loaded box), then n's
+    # load of 0.5 s: a wait a count of the requests ahead (0.04 s said before) cannot meet
+    assert waited > 2.0
     print(f"estimated {estimated:.2f} s, waited {waited:.2f} s")
     assert abs(estimated - waited) <= 0.5 * waited, (estimated, waited)
 
