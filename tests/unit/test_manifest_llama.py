@@ -182,6 +182,23 @@ def test_native_worker_options_become_common_params():
     assert mean.pooling_type == xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
 
 
+def test_native_worker_takes_llama_servers_sampling_flags_as_its_defaults():
+    """A manifest's ``args: ["--temp", "0", ...]`` reach llama.cpp's sampling defaults (what a
+    request that sets none of its own samples with), under llama-server's flag names."""
+    pytest.importorskip("xllamacpp")
+    from workers.llama import parse_args, to_params
+
+    p = to_params(parse_args(["--model", "m", "--port", "1", "--temp", "0", "-s", "7",
+                              "--top-k", "5", "--top-p", "0.5", "--min-p", "0.25",
+                              "--repeat-penalty", "1.5"]))
+    assert (p.sampling.temp, p.sampling.seed, p.sampling.top_k) == (0.0, 7, 5)
+    assert (p.sampling.top_p, p.sampling.min_p, p.sampling.penalty_repeat) == (0.5, 0.25, 1.5)
+    untouched = to_params(parse_args(["--model", "m", "--port", "1"])).sampling
+    assert untouched.temp == pytest.approx(0.8) and untouched.top_k == 40  # llama.cpp's own
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--port", "1", "--top-k", "many"])
+
+
 def test_native_worker_reads_its_key_from_the_environment(monkeypatch):
     from workers.llama import API_KEY_ENV, parse_args
 

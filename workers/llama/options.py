@@ -6,6 +6,11 @@
         [--flash-attn on|off|auto] [--cache-type-k f16] [--cache-type-v f16]
         [--embeddings] [--pooling mean] [--reranking] [--alias NAME] [--metrics] [--parent-pid PID]
         [--slot-save-path DIR] [--cache-ram MiB] [--fit-only]
+        [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N] [--repeat-penalty R]
+        [--presence-penalty P] [--frequency-penalty P]
+
+The sampling flags are llama-server's: the defaults of a request that does not set its own
+(a manifest's ``args: ["--temp", "0"]`` makes a model greedy unless a request asks otherwise).
 
 The API key comes from ``LLAMA_API_KEY`` (``--api-key`` is accepted too, but shows in ``ps``).
 """
@@ -22,6 +27,12 @@ API_KEY_ENV = "LLAMA_API_KEY"
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 FLASH_ATTN = ("on", "off", "auto")
 POOLING = ("none", "mean", "cls", "last", "rank")
+# llama-server's sampling flags → the fields of llama.cpp's sampling parameters they set
+SAMPLING = {"temp": ("--temp", "--temperature"), "top_k": ("--top-k",),
+            "top_p": ("--top-p",), "min_p": ("--min-p",), "seed": ("-s", "--seed"),
+            "penalty_repeat": ("--repeat-penalty",), "penalty_present": ("--presence-penalty",),
+            "penalty_freq": ("--frequency-penalty",)}
+_WHOLE = {"top_k", "seed"}  # the fields that take whole numbers
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,8 @@ class WorkerOptions:
     fit_only: bool = False  # print llama.cpp's memory projection and exit (``fit``)
     slot_save_path: str | None = None  # where POST /slots/{id}?action=save|restore files live
     cache_ram_mib: int | None = None  # llama.cpp's host-RAM prompt cache (None: its default)
+    # the sampling defaults the flags set, as (llama.cpp's field, value)
+    sampling: tuple[tuple[str, float], ...] = ()
 
 
 def _split(text: str) -> tuple[float, ...]:
@@ -91,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     parser.add_argument("-cram", "--cache-ram", type=int, default=None)
     parser.add_argument("--fit-only", action="store_true",
                         help="print llama.cpp's memory projection for these flags and exit")
+    for field, flags in SAMPLING.items():
+        parser.add_argument(*flags, dest=f"sampling_{field}", default=None,
+                            type=int if field in _WHOLE else float)
     args = parser.parse_args(argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
@@ -107,7 +123,9 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         alias=args.alias, metrics=args.metrics,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         parent_pid=args.parent_pid, fit_only=args.fit_only,
-        slot_save_path=args.slot_save_path, cache_ram_mib=args.cache_ram)
+        slot_save_path=args.slot_save_path, cache_ram_mib=args.cache_ram,
+        sampling=tuple((field, value) for field in SAMPLING
+                       if (value := getattr(args, f"sampling_{field}")) is not None))
 
 
 def to_params(options: WorkerOptions) -> Any:
@@ -157,6 +175,8 @@ def to_params(options: WorkerOptions) -> Any:
         p.slot_save_path = options.slot_save_path.rstrip("/") + "/"
     if options.cache_ram_mib is not None:
         p.cache_ram_mib = options.cache_ram_mib
+    for field, value in options.sampling:
+        setattr(p.sampling, field, value)
     p.ui = False
     # the coordinator places the model (layers, split, context); llama.cpp must not re-fit it
     p.fit_params = False
