@@ -26,6 +26,7 @@ from .memory import (
 )
 from .options import WorkerOptions
 from .pipeline import PipelineHolder
+from .references import reference_kwargs
 from .schemas import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,9 @@ class Generator:
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "big")
         try:
             ticket.raise_if_cancelled()  # a cancel that came before the loop
-            latents = loaded.pipe(**_call_kwargs(loaded, req, seed, self._on_step(ticket))).images
+            kwargs = _call_kwargs(loaded, req, seed, self._on_step(ticket))
+            kwargs.update(reference_kwargs(loaded, req))  # IP-Adapter references, if any
+            latents = loaded.pipe(**kwargs).images
             denoised = time.monotonic()
             ticket.raise_if_cancelled()
             free = cuda_free_mb(_vae_device(loaded)) if loaded.device == "cuda" else None

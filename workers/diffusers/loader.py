@@ -16,6 +16,7 @@ import psutil
 
 from .memory import Offload, pipeline_footprint_mb, place_weights, torch_dtype
 from .options import WorkerOptions
+from .references import adapter_files, attach_ip_adapter
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class LoadedPipeline:
     ready_s: float  # since the process started: a cold start as the coordinator sees it
     call_params: frozenset[str]  # the arguments this pipeline's __call__ takes
     notes: tuple[str, ...] = ()
+    ip_adapter: str | None = None  # the attached IP-Adapter's weights file: references work
 
 
 class LoadProgress:
@@ -108,6 +110,9 @@ def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> 
     progress = progress if progress is not None else LoadProgress()
     with progress.counting():
         pipe = DiffusionPipeline.from_pretrained(opts.model, **kwargs)
+    # before placement: the encoder and adapter layers move, and count, with the pipeline
+    ip_adapter = attach_ip_adapter(pipe, adapter_files(
+        opts.ip_adapter, opts.ip_adapter_image_encoder)) if opts.ip_adapter else None
     progress.placing = True
     pipe.set_progress_bar_config(disable=True)
     footprint_mb = pipeline_footprint_mb(pipe)
@@ -116,7 +121,8 @@ def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> 
         pipe=pipe, device=device, dtype=str(dtype).removeprefix("torch."), hooks=hooks,
         footprint_mb=footprint_mb, load_s=round(time.monotonic() - started, 3),
         ready_s=round(time.time() - psutil.Process().create_time(), 3),
-        call_params=frozenset(inspect.signature(pipe.__call__).parameters), notes=tuple(notes))
+        call_params=frozenset(inspect.signature(pipe.__call__).parameters), notes=tuple(notes),
+        ip_adapter=ip_adapter)
     log.info("loaded %s in %.2fs on %s (%s, offload %s), footprint %s MB", opts.model,
              loaded.load_s, device, loaded.dtype, offload, footprint_mb)
     return loaded

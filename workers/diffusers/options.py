@@ -5,6 +5,11 @@
         [--offload none|model|sequential|group|balanced] [--max-memory JSON]
         [--vae-mb-per-512px 1600] [--allow-cpu-vae|--no-allow-cpu-vae]
         [--vram-margin-mb 512] [--parent-pid PID] [--api-key KEY]
+        [--ip-adapter PATH [--ip-adapter-image-encoder DIR]]
+
+``--ip-adapter`` attaches an IP-Adapter (its weights file, or a folder holding one) so requests
+may bring reference images; its image encoder is the ``image_encoder/`` folder beside it unless
+``--ip-adapter-image-encoder`` names another (``references``).
 
 The API key is better given in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the
 worker answers anyone.
@@ -46,6 +51,8 @@ class WorkerOptions:
     parent_pid: int | None = None
     api_key: str | None = None
     spare: bool = False
+    ip_adapter: str | None = None  # an IP-Adapter weights file, or a folder holding one
+    ip_adapter_image_encoder: str | None = None  # default: image_encoder/ beside the adapter
 
 
 def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
@@ -82,6 +89,11 @@ def parse_args(argv: list[str] | None = None,
     parser.add_argument("--vram-margin-mb", type=int, default=512)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--api-key", default=None, help=f"better: the {API_KEY_ENV} variable")
+    parser.add_argument("--ip-adapter", default=None,
+                        help="an IP-Adapter weights file (or a folder holding one) for "
+                             "reference images")
+    parser.add_argument("--ip-adapter-image-encoder", default=None,
+                        help="its CLIP image encoder folder (default: image_encoder/ beside it)")
     args = parser.parse_args(argv)
     if not args.model and not args.spare:
         parser.error("--model is required (or --spare)")
@@ -94,6 +106,8 @@ def parse_args(argv: list[str] | None = None,
         except ValueError as exc:
             parser.error(f"--max-memory must be a JSON object: {exc}")
         max_memory = {int(k) if str(k).isdigit() else k: str(v) for k, v in raw.items()}
+    if args.ip_adapter_image_encoder and not args.ip_adapter:
+        parser.error("--ip-adapter-image-encoder needs --ip-adapter")
     if args.vae_mb_per_512px <= 0:
         parser.error("--vae-mb-per-512px must be positive")
     return WorkerOptions(
@@ -101,4 +115,6 @@ def parse_args(argv: list[str] | None = None,
         dtype=args.dtype, offload=Offload(args.offload), max_memory=max_memory,
         vae_mb_per_512px=args.vae_mb_per_512px, allow_cpu_vae=args.allow_cpu_vae,
         vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, spare=args.spare)
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, spare=args.spare,
+        ip_adapter=args.ip_adapter or None,
+        ip_adapter_image_encoder=args.ip_adapter_image_encoder or None)

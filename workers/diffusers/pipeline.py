@@ -274,6 +274,8 @@ class PipelineHolder:
                 "load_s": loaded.load_s if loaded else None,
                 "ready_s": loaded.ready_s if loaded else None,
                 "footprint_mb": loaded.footprint_mb if loaded else None,
+                # reference images are taken only with an IP-Adapter: its weights file
+                "ip_adapter": loaded.ip_adapter if loaded else None,
                 "memory": self.memory(), "generating": len(self.tickets) > 0,
                 "request_ids": self.tickets.open_ids(),
                 "notes": list(loaded.notes) if loaded else [], "pid": os.getpid(),

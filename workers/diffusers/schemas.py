@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # ids the coordinator (or any caller) picks to name a generation, e.g. its own request id
 RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
+# one reference image, base64 (about 15 MB of image at most)
+ReferenceImage = Annotated[str, Field(min_length=1, max_length=20_000_000)]
 
 
 class GenerateRequest(BaseModel):
@@ -24,6 +26,10 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     n: int = Field(default=1, ge=1, le=10)  # the OpenAI images API allows 1..10
     request_id: RequestId | None = None  # names this generation for POST /cancel
+    # identity / style references for a model with an IP-Adapter (workers/diffusers/
+    # references.py): base64 PNG, JPEG or WebP images, and how strongly they steer (0: not)
+    reference_images: list[ReferenceImage] | None = Field(default=None, max_length=4)
+    reference_strength: float = Field(default=0.6, ge=0, le=1)
 
     @field_validator("prompt")
     @classmethod
