@@ -3,7 +3,11 @@
     GET  /health    200 once loaded (also while parked in RAM), 503 while loading or failed
     GET  /progress  the running (or last) generation's denoising steps
     POST /generate  admitted only while the pipeline is READY (409 pipeline_offloaded when
-                    parked or moving, 503 not_ready while loading or failed)
+                    parked or moving, 503 not_ready while loading or failed); images only
+                    (400 unsupported_endpoint on a video pipeline)
+    POST /video     a video pipeline's clip as a base64 MP4, admitted, queued, tracked and
+                    cancelled as /generate is (``video``; 400 unsupported_endpoint on an
+                    image pipeline)
     POST /cancel    {"request_id"} or no body (every admitted generation)
     POST /offload   weights to CPU RAM (409 busy while a generation is admitted)
     POST /onload    weights back to the device
@@ -34,9 +38,11 @@ from ..spare import InvalidOptions, LoadRequest
 from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
+from .media import PipelineKind
 from .options import WorkerOptions, load_args
 from .pipeline import LOADED, PipelineHolder, PipelineState
 from .schemas import CancelRequest, GenerateRequest
+from .video import VideoGenerator, VideoRequest, require_kind
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,7 @@ def create_app(holder: PipelineHolder, generator: Generator,
         generator.cancel()
 
     app = FastAPI(title="diffusers worker", lifespan=lifespan)
+    videos = VideoGenerator(generator)  # the generator's admission, lock and progress
 
     require_key(app, api_key, lambda: _error(Unauthorized("missing or wrong API key")))
 
@@ -89,7 +96,12 @@ def create_app(holder: PipelineHolder, generator: Generator,
 
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> dict[str, Any]:
+        require_kind(holder.loaded, PipelineKind.IMAGE)
         return await generator.generate(req)
+
+    @app.post("/video")
+    async def video(req: VideoRequest) -> dict[str, Any]:
+        return await videos.generate(req)
 
     @app.post("/cancel")
     async def cancel(req: CancelRequest | None = None) -> dict[str, Any]:

@@ -78,3 +78,8 @@ class MoveFailed(WorkerError, status=500, code="move_failed"):
 
 class IllegalTransition(WorkerError, status=500, code="illegal_transition"):
     """A pipeline state change the transition table does not allow (a bug, not a request)."""
+
+
+class UnsupportedEndpoint(InvalidRequest, status=400, code="unsupported_endpoint"):
+    """The route does not serve this pipeline's kind: images on ``/generate``, videos on
+    ``/video``."""

@@ -10,6 +10,8 @@ import io
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..tickets import CancelOutcome, Ticket
@@ -31,6 +33,8 @@ from .schemas import GenerateRequest
 
 log = logging.getLogger(__name__)
 QUEUE_POLL_S = 0.05  # how often a queued generation looks at its ticket
+# what runs under the weights lock: (its ticket, when it was queued) -> the answer
+LockedWork = Callable[[Ticket, float], dict[str, Any]]
 
 
 class Generator:
@@ -63,11 +67,17 @@ class Generator:
         return {"cancelling": bool(ids), "request_ids": ids, "outcome": str(outcome)}
 
     async def generate(self, req: GenerateRequest) -> dict[str, Any]:
-        """Admit (or refuse) at once, then run in a thread. The ticket is open from before the
-        first await until the answer, so the weights cannot move under the generation."""
-        ticket = self.holder.admit(req.request_id)
+        """Admit (or refuse) at once, then denoise and decode images in a thread."""
+        return await self.admitted(
+            req.request_id, lambda ticket, queued: self._run_locked(ticket, req, queued))
+
+    async def admitted(self, request_id: str | None, work: LockedWork) -> dict[str, Any]:
+        """Admit (or refuse) at once, then run ``work`` in a thread under the weights lock (an
+        image generation, or a video's: ``video.VideoGenerator``). The ticket is open from
+        before the first await until the answer, so the weights cannot move under it."""
+        ticket = self.holder.admit(request_id)
         try:
-            return await asyncio.to_thread(self.run, ticket, req)
+            return await asyncio.to_thread(self.run, ticket, work)
         except asyncio.CancelledError:
             ticket.cancel()  # the caller went away: stop denoising too
             raise
@@ -79,13 +89,13 @@ class Generator:
         finally:
             self.holder.release(ticket)
 
-    def run(self, ticket: Ticket, req: GenerateRequest) -> dict[str, Any]:
-        """Wait for the weights, then denoise and decode; ``Cancelled`` at any check."""
+    def run(self, ticket: Ticket, work: LockedWork) -> dict[str, Any]:
+        """Wait for the weights, then ``work``; ``Cancelled`` at any check."""
         queued = time.monotonic()
         while not self.holder.weights_lock.acquire(timeout=QUEUE_POLL_S):
             ticket.raise_if_cancelled()  # cancelled while queued: never starts
         try:
-            return self._run_locked(ticket, req, queued)
+            return work(ticket, queued)
         finally:
             self.holder.weights_lock.release()
 
@@ -131,6 +141,20 @@ class Generator:
                         "total_s": round(finished - queued, 4)},
             "memory_decisions": decision.report(free),
         }
+
+    @contextmanager
+    def tracking(self, ticket: Ticket, steps: int) -> Iterator[Any]:
+        """``GET /progress`` for one run that brings its own pipeline call (a video's): running
+        with ``steps``, then done, or cancelled / failed by what it raised. Yields the step
+        callback, which counts the steps and stops the pipeline once the ticket is cancelled."""
+        self._progress = {"job": self._progress["job"] + 1, "step": 0, "steps": steps,
+                          "state": "running", "request_id": ticket.request_id}
+        try:
+            yield self._on_step(ticket)
+        except BaseException:
+            self._progress["state"] = "cancelled" if ticket.cancelled else "failed"
+            raise
+        self._progress["state"] = "done"
 
     def _on_step(self, ticket: Ticket) -> Any:
         def on_step(pipe: Any, step: int, _timestep: Any, kwargs: dict) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from .media import PipelineKind, pipeline_kind
 from .memory import Offload, pipeline_footprint_mb, place_weights, torch_dtype
 from .options import WorkerOptions
 from .references import adapter_files, attach_ip_adapter
@@ -35,6 +36,12 @@ class LoadedPipeline:
     call_params: frozenset[str]  # the arguments this pipeline's __call__ takes
     notes: tuple[str, ...] = ()
     ip_adapter: str | None = None  # the attached IP-Adapter's weights file: references work
+
+    @property
+    def kind(self) -> PipelineKind:
+        """What it makes, from its class name: ``POST /generate`` serves images, ``POST
+        /video`` videos (``media.kinds``)."""
+        return pipeline_kind(type(self.pipe).__name__)
 
 
 class LoadProgress:
