@@ -83,7 +83,9 @@ def test_video_is_an_mp4_of_the_reported_frames_and_size(video_worker):
 
 
 def test_progress_rises_then_cancel_stops_the_video(video_worker):
-    running = BackgroundVideo(video_worker, steps=200, request_id="clip-long")
+    # 200 steps with guidance over 17 frames of 64x64: tens of seconds, stopped long before
+    running = BackgroundVideo(video_worker, steps=200, guidance=5.0, frames=17, width=64,
+                              height=64, request_id="clip-long")
     seen: list[int] = []
 
     def rising() -> bool:
