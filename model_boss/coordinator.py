@@ -22,7 +22,7 @@ from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, context_fitter, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
 from .history import History, RequestRing
-from .image_files import ImageFiles
+from .image_files import media_stores
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
 from .keys import KeyStore, MinuteWindows, exposure_warning
@@ -99,7 +99,7 @@ class Coordinator:
                 known = ", ".join(sorted(e.manifest.id for e in self.catalog)) or "none"
                 raise ConfigError(f"settings: preload.{position}: unknown model "
                                   f"'{preload.model}' (models: {known})")
-        self.image_files = ImageFiles(settings.state_path / "images")
+        self.image_files, self.video_files = media_stores(settings.state_path, settings.videos_mb)
         self.base_url = f"http://{settings.host}:{settings.port}"
         job_store = (RedisJobStore(settings.redis_url, max_jobs=settings.max_jobs)
                      if settings.redis_url else EmbeddedJobStore(settings.max_jobs))

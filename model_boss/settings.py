@@ -37,8 +37,8 @@ _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "model_boss_config_file", default=None
 )
 
-DEFAULT_STAY_WARM_S = {"diffusion": 900.0, "llm": 300.0, "vision": 60.0, "tts": 300.0,
-                       "stt": 300.0, "embedding": 300.0, "rerank": 300.0}
+DEFAULT_STAY_WARM_S = {"diffusion": 900.0, "video": 900.0, "llm": 300.0, "vision": 60.0,
+                       "tts": 300.0, "stt": 300.0, "embedding": 300.0, "rerank": 300.0}
 
 
 # the default CORS origins: pages served from this machine, on any port (as Ollama allows)
@@ -60,8 +60,8 @@ class DeclaredGPU(BaseModel):
 
 
 # what a key may be scoped to, by the routes' kind (docs/SECURITY.md)
-EndpointKind = Literal["chat", "embeddings", "images", "audio", "rerank"]
-ENDPOINT_KINDS: tuple[str, ...] = ("chat", "embeddings", "images", "audio", "rerank")
+EndpointKind = Literal["chat", "embeddings", "images", "video", "audio", "rerank"]
+ENDPOINT_KINDS: tuple[str, ...] = ("chat", "embeddings", "images", "video", "audio", "rerank")
 
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0)]
@@ -162,8 +162,11 @@ class Settings(BaseSettings):
     fair_share_turn_s: float = Field(default=2.0, gt=0)  # due-time cost of one turn
     request_rate_horizon_s: float = Field(default=120.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # an audio file sent to /v1/audio/transcriptions or /translations (OpenAI's limit: 25 MB)
+    # an upload: audio to transcribe (OpenAI's limit: 25 MB), pictures to edit, a video's
+    # reference; a picture's sides at most max_image_side; finished videos kept in videos_mb
     max_upload_bytes: int = Field(default=25 * 1024 * 1024, ge=1024)
+    max_image_side: int = Field(default=4096, ge=64, le=16384)
+    videos_mb: int = Field(default=2048, ge=1)
     request_timeout_s: float = Field(default=600.0, gt=0)
     llama_server_binary: str | None = None
     # manifests without ``worker``: native | binary | llama-cpp-python; unset → binary when
@@ -343,9 +346,8 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         if isinstance(manifests, str):
             manifests = [manifests]
         if isinstance(manifests, list):
-            data["manifests"] = [
-                _relative_to(base, m) if isinstance(m, str) else m for m in manifests
-            ]
+            data["manifests"] = [_relative_to(base, m) if isinstance(m, str) else m
+                                 for m in manifests]
         return data
 
 

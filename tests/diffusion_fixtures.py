@@ -47,6 +47,7 @@ def build_tiny_sd_pipeline(path: Path, width: int = 32) -> Path:
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), latent_channels=4,
         norm_num_groups=32, sample_size=32)
+    _as_trained(vae)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=32, intermediate_size=37,
         layer_norm_eps=1e-05, num_attention_heads=4, num_hidden_layers=2, vocab_size=200,
@@ -62,6 +63,23 @@ def build_tiny_sd_pipeline(path: Path, width: int = 32) -> Path:
             image_encoder=None, requires_safety_checker=False)
         pipe.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def _as_trained(vae) -> None:
+    """Give a random VAE the two properties a trained one has and the pipelines rely on: a
+    near-certain encoding (its posterior's variance at the floor diffusers clamps to, so an
+    image-to-image edit starts from the picture, not from noise around it) and a
+    ``scaling_factor`` that brings its latents to unit variance (what 0.18215 does for Stable
+    Diffusion's), so a little denoising moves them a little."""
+    import torch
+
+    channels = vae.config.latent_channels
+    with torch.no_grad():
+        vae.quant_conv.weight[channels:] = 0
+        vae.quant_conv.bias[channels:] = -30.0
+        pictures = torch.rand(4, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        spread = float(vae.encode(pictures).latent_dist.mean.std())
+    vae.register_to_config(scaling_factor=round(1 / spread, 4))
 
 
 def shared_tiny_sd(tmp_path_factory) -> Path:

@@ -9,12 +9,16 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from ..coordinator import Coordinator
-from ..services import run_job
+from ..services import EDITS, run_job
 from ..services.media.audio import UPLOAD_PATHS
+from ..services.media.sdapi import IMG2IMG
+from ..services.media.videos import VIDEOS
 from ..settings import Settings, load_settings
 from . import admin, anthropic, dashboard, history, jobs, leases, llamacpp, ollama, openai, pulls
 from .drain import DrainGate
 from .errors import install_error_handlers
+from .media import images as media_images
+from .media import sdapi, videos
 from .middleware import (
     AuthAndMetrics,
     BodyLimit,
@@ -64,7 +68,7 @@ def create_app(settings: Settings | None = None, *,
     # refusals → body limits → early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
-                       uploads=(UPLOAD_PATHS, coord.settings.max_upload_bytes))
+                       uploads=(UPLOAD_PATHS | MEDIA_UPLOADS, coord.settings.max_upload_bytes))
     app.add_middleware(QueueGate, coordinator=coord, paths=queued_paths())
     app.add_middleware(AuthAndMetrics, coordinator=coord, inference=queued_paths())
     app.add_middleware(HostGuard, coordinator=coord)
@@ -76,18 +80,23 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
-    routers = [module.router for module in (openai, anthropic, llamacpp, ollama, admin, history,
-                                            pulls, jobs, leases, tenant_keys, tenant_usage,
-                                            dashboard)]
+    routers = [module.router for module in (openai, media_images, sdapi, videos, anthropic,
+                                            llamacpp, ollama, admin, history, pulls, jobs, leases,
+                                            tenant_keys, tenant_usage, dashboard)]
     for router in routers:
         app.include_router(router)
     take_direct_routes(app, [route for router in routers for route in router.routes])
     return app
 
 
+# pictures and clips sent in: bounded as uploads are (max_upload_bytes), not as JSON bodies
+MEDIA_UPLOADS = frozenset({EDITS, VIDEOS, IMG2IMG})
+
+
 def queued_paths() -> frozenset[str]:
     """The routes whose requests wait in the queue: every POST of the OpenAI, Anthropic and
     llama.cpp routers, and Ollama's inference routes."""
-    routes = [*openai.router.routes, *anthropic.router.routes, *llamacpp.router.routes]
+    routes = [*openai.router.routes, *media_images.router.routes, *sdapi.router.routes,
+              *anthropic.router.routes, *llamacpp.router.routes]
     return frozenset({route.path for route in routes if "POST" in getattr(route, "methods", ())}
                      | ollama.QUEUED_PATHS)

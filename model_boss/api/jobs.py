@@ -20,7 +20,8 @@ from .errors import OpenAIError, documented
 router = APIRouter(tags=["jobs"], responses=documented(OpenAIError))
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                   "/v1/rerank", "/v1/audio/speech", "/v1/images/generations"]
+                   "/v1/rerank", "/v1/audio/speech", "/v1/images/generations",
+                   "/v1/images/edits", "/v1/videos"]
 assert set(Endpoint.__args__) == set(ENDPOINT_BODIES)  # type: ignore[attr-defined]
 
 
@@ -51,7 +52,7 @@ async def list_jobs(request: Request,
                     client_id: str | None = Query(default=None, max_length=200)
                     ) -> dict[str, Any]:
     coord = coordinator_of(request)
-    jobs = [j for j in await coord.jobs.store.list(client_id) if _visible(request, j)]
+    jobs = [j for j in await coord.jobs.store.list(client_id) if visible_job(request, j)]
     return {"jobs": [await _view(coord, j) for j in sorted(jobs, key=lambda j: j.created_at)]}
 
 
@@ -59,27 +60,27 @@ async def list_jobs(request: Request,
 async def get_job(request: Request, job_id: str) -> dict[str, Any]:
     """The job; while it waits, its ``queue_position`` (1 = next) and ``estimated_start``."""
     coord = coordinator_of(request)
-    return await _view(coord, await _own(request, job_id))
+    return await _view(coord, await own_job(request, job_id))
 
 
 @router.delete("/api/v1/jobs/{job_id}")
 async def cancel_job(request: Request, job_id: str) -> dict[str, Any]:
     coord = coordinator_of(request)
-    await _own(request, job_id)
+    await own_job(request, job_id)
     return await _view(coord, await coord.jobs.cancel(job_id))
 
 
-def _visible(request: Request, job: Job) -> bool:
+def visible_job(request: Request, job: Job) -> bool:
     """An admin (or a box without keys) sees every job; a user key only the jobs it gave."""
     identity = identity_of(request.scope)
     return identity is None or identity.admin or job_key(job) == identity.key
 
 
-async def _own(request: Request, job_id: str) -> Job:
+async def own_job(request: Request, job_id: str) -> Job:
     """The job ``job_id`` if the caller may see it; another key's job does not exist for
     it (the same 404 as an unknown id)."""
     job = await coordinator_of(request).jobs.get(job_id)
-    if not _visible(request, job):
+    if not visible_job(request, job):
         raise NotFound(f"job '{job_id}' does not exist (or its result has expired)",
                        param="job_id")
     return job

@@ -1,8 +1,10 @@
-"""DiffusersBackend: ``python -m workers.diffusers`` — text-to-image with a CPU-RAM tier."""
+"""DiffusersBackend: ``python -m workers.diffusers`` — pictures (generations and edits, with
+references where the model has an IP-Adapter) or clips, with a CPU-RAM tier."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -13,15 +15,26 @@ from typing import Any
 import httpx
 import orjson
 
-from ..catalog.manifest import ModelManifest
+from ..catalog.manifest import Category, ModelManifest
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
 from .spare import DIFFUSERS, TakesSpares, torch_defaults
 
 IMAGES_ENDPOINT = "/v1/images/generations"
+EDITS_ENDPOINT = "/v1/images/edits"
+VIDEOS_ENDPOINT = "/v1/videos"
+VIDEO_HEADER = "x-model-boss-video"  # a clip's frames, fps, size, seed and timings (JSON)
 _BACKGROUND: set[asyncio.Task] = set()
-WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n")
+WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n",
+                 "image", "mask", "strength", "reference_images", "reference_strength")
+VIDEO_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed",
+                "frames", "fps", "image")
+DEFAULT_SECONDS = 4.0  # a clip that names no length (OpenAI's default)
+# the worker's route for each endpoint, and the fields it takes
+_ROUTES = {IMAGES_ENDPOINT: ("/generate", WORKER_FIELDS), EDITS_ENDPOINT: ("/generate",
+                                                                          WORKER_FIELDS),
+           VIDEOS_ENDPOINT: ("/video", VIDEO_FIELDS)}
 
 
 class DiffusersBackend(TakesSpares, HttpWorkerBackend):
@@ -35,8 +48,11 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
 
     @staticmethod
     def serves(manifest: ModelManifest) -> list[str]:
-        """The endpoints a pipeline answers (checked before it is loaded)."""
-        return [IMAGES_ENDPOINT]
+        """The endpoints a pipeline answers (checked before it is loaded): a video pipeline
+        the videos API, any other pictures, made and edited."""
+        if manifest.category == Category.VIDEO:
+            return [VIDEOS_ENDPOINT]
+        return [IMAGES_ENDPOINT, EDITS_ENDPOINT]
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",
@@ -51,6 +67,8 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
                  "--vae-mb-per-512px", f"{m.vae_mb_per_512px:g}",
                  "--vram-margin-mb", str(self.settings.vram_margin_mb)]
         flags.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
+        if self.entry.ip_adapter is not None:
+            flags += ["--ip-adapter", str(self.entry.ip_adapter)]
         if m.offload == "balanced" and placement is not None and len(placement.gpus) > 1:
             # CUDA_VISIBLE_DEVICES renumbers the chosen GPUs from 0
             memory = {str(i): f"{mb}MiB" for i, mb in
@@ -77,14 +95,19 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
 
     async def handle_request(self, endpoint: str, body: dict[str, Any],
                              stream: bool) -> UpstreamResponse:
-        if endpoint != IMAGES_ENDPOINT:
-            raise BadRequest(f"'{self.manifest.id}' is a diffusion model; it serves "
-                             f"{IMAGES_ENDPOINT} only", param="model",
+        if endpoint not in self.serves(self.manifest):
+            raise BadRequest(f"'{self.manifest.id}' is a {self.manifest.category} model; it "
+                             f"serves {', '.join(self.serves(self.manifest))}", param="model",
                              code="unsupported_endpoint")
-        worker_body = {k: body[k] for k in WORKER_FIELDS if body.get(k) is not None}
+        route, fields = _ROUTES[endpoint]
+        if endpoint == VIDEOS_ENDPOINT:  # seconds at the manifest's frame rate, or the asked
+            fps = body.get("fps") or self.manifest.fps
+            seconds = body.get("seconds") or DEFAULT_SECONDS
+            body = {**body, "fps": fps, "frames": max(1, round(seconds * fps))}
+        worker_body = {k: body[k] for k in fields if body.get(k) is not None}
         worker_body["request_id"] = request_id = uuid.uuid4().hex
         try:
-            answer = await self.proxy("POST", "/generate", worker_body, stream=False)
+            answer = await self.proxy("POST", route, worker_body, stream=False)
         except asyncio.CancelledError:
             # the caller went away (client disconnect, job cancelled): stop denoising too;
             # by id, so a cancel that overtakes its generation still stops it, and only it
@@ -93,6 +116,12 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
             task.add_done_callback(_BACKGROUND.discard)
             raise
         result = orjson.loads(answer.body or b"{}")
+        if endpoint == VIDEOS_ENDPOINT:  # the clip as it is, its figures in a header
+            figures = {k: result.get(k) for k in ("frames", "fps", "width", "height", "seed",
+                                                  "timings")}
+            return UpstreamResponse(200, {"content-type": "video/mp4",
+                                          VIDEO_HEADER: orjson.dumps(figures).decode()},
+                                    body=base64.b64decode(result.get("video") or ""))
         data = [{"b64_json": image, "revised_prompt": body.get("prompt")}
                 for image in result.get("images", [])]
         out = {"created": int(time.time()), "data": data,

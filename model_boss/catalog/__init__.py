@@ -4,6 +4,7 @@ from .build import CatalogDiff, build_catalog, diff_catalogs
 from .catalog import Catalog, CatalogEntry
 from .context import ContextFit, context_view
 from .manifest import BackendKind, Category, ModelManifest, load_manifests, parse_manifest_text
+from .pipelines import media_refusal
 
 __all__ = [
     "BackendKind",
@@ -17,5 +18,6 @@ __all__ = [
     "diff_catalogs",
     "ModelManifest",
     "load_manifests",
+    "media_refusal",
     "parse_manifest_text",
 ]

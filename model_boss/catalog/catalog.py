@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import ModelNotFound, ModelUnavailable
 from .manifest import BackendKind, Category, ModelManifest
+from .pipelines import ip_adapter_path, makes_video, pipeline_class
 
 
 @dataclass(slots=True)
@@ -14,6 +15,7 @@ class CatalogEntry:
     manifest: ModelManifest
     path: Path | None
     unavailable_reason: str | None = None
+    ip_adapter: Path | None = None  # a diffusers model's IP-Adapter, for reference_images
 
     @property
     def available(self) -> bool:
@@ -29,6 +31,8 @@ class Catalog:
         for manifest in manifests:
             path = manifest.resolved_path(models_dir)
             entry = CatalogEntry(manifest, path, _unavailable_reason(manifest, path))
+            if manifest.backend == BackendKind.DIFFUSERS and entry.available:
+                _diffusers_kind(entry, models_dir)
             self._entries[manifest.id] = entry
             for name in manifest.names:
                 self._names[name] = manifest.id
@@ -68,6 +72,20 @@ class Catalog:
                 param="model",
             )
         return entry
+
+
+def _diffusers_kind(entry: CatalogEntry, models_dir: Path) -> None:
+    """A diffusers folder's own word on what it is: a video pipeline is a video model
+    whatever its manifest's category says (it serves /v1/videos only), and its IP-Adapter
+    is found where the manifest or the folder puts one."""
+    manifest = entry.manifest
+    folder = entry.path if entry.path is not None and entry.path.is_dir() else None
+    if folder is not None and makes_video(pipeline_class(folder)):
+        manifest.category = Category.VIDEO
+    elif manifest.category == Category.VIDEO:
+        entry.unavailable_reason = "category: video, but its model_index.json names no " \
+                                   "video pipeline"
+    entry.ip_adapter = ip_adapter_path(manifest, folder, models_dir)
 
 
 def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | None:

@@ -23,6 +23,7 @@ from ..settings import describe_validation_error
 class Category(StrEnum):
     LLM = "llm"
     DIFFUSION = "diffusion"
+    VIDEO = "video"  # a diffusers text- or image-to-video pipeline (served as jobs)
     VISION = "vision"
     TTS = "tts"
     STT = "stt"  # speech recognition (transcription, translation)
@@ -97,6 +98,13 @@ class ModelManifest(BaseModel):
     offload: str = "none"
     vae_mb_per_512px: float = Field(default=1600.0, gt=0)
     allow_cpu_vae: bool = True
+    # an IP-Adapter for reference_images: its weights file, or a folder holding one, with the
+    # image encoder in image_encoder/ beside it; unset: an ip_adapter/ folder in the pipeline's
+    ip_adapter: str | None = None
+    # video pipelines: the longest clip a request may ask for, and the frame rate it gets when
+    # it names none
+    max_video_seconds: float = Field(default=10.0, gt=0, le=600)
+    fps: int = Field(default=16, ge=1, le=60)
     # transformers: concurrent requests' texts batched, up to batch_size items; a batch goes
     # once max_batch_wait_ms passes with no request joining it, at the latest 10 times that
     # after its first (backends/gathering.py)

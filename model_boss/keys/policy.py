@@ -23,8 +23,10 @@ def endpoint_kind(path: str) -> str:
         return "embeddings"
     if "rerank" in path:
         return "rerank"
-    if "/images/" in path:
+    if "/images/" in path or path.startswith("/sdapi/"):
         return "images"
+    if path.startswith("/v1/videos"):
+        return "video"
     if "/audio/" in path:
         return "audio"
     return "chat"

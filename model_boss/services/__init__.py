@@ -5,15 +5,17 @@ from .cancel import ClientDisconnected, Departure, unless_disconnected
 from .extensions import Extensions, pop_extensions
 from .jobs import accept_job, job_key, run_job
 from .load_wait import serve_streaming
-from .media.images import FILES_PATH, IMAGES, generate_images
+from .media.images import EDITS, FILES_PATH, IMAGES, edit_images, generate_images
 from .schemas import (
     ENDPOINT_BODIES,
     ChatRequest,
     CompletionRequest,
+    EditRequest,
     EmbeddingRequest,
     ImageRequest,
     ResponsesRequest,
     SpeechRequest,
+    VideoRequest,
 )
 from .served import MODEL_HEADER, WAIT_HEADER, Served
 from .serving import serve
@@ -21,6 +23,10 @@ from .validation import bad_request, parse
 
 __all__ = [
     "Departure",
+    "EDITS",
+    "EditRequest",
+    "VideoRequest",
+    "edit_images",
     "ENDPOINT_BODIES",
     "FILES_PATH",
     "IMAGES",

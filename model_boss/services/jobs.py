@@ -23,8 +23,9 @@ from ..jobs.runner import Dispatched, Reported
 from ..keys import Identity, endpoint_kind, kind_in_scope
 from .accounting import who
 from .extensions import CARRIED_IDENTITY, pop_extensions
-from .media.images import IMAGES, generate_images
-from .schemas import ENDPOINT_BODIES, ImageRequest
+from .media.images import EDITS, IMAGES, edit_body, edit_images, generate_images, references
+from .media.videos import VIDEOS, make_video, video_body
+from .schemas import ENDPOINT_BODIES, EditRequest, ImageRequest, VideoRequest
 from .served import Served, WorkerCall, openai_stream_end
 from .serving import admit, serve
 from .validation import parse
@@ -54,6 +55,7 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
         raise BadRequest("stream: a job returns its whole result when it finishes (GET "
                          "/api/v1/jobs/{id}), with its tokens so far as its progress; leave "
                          "'stream' out", param="stream", code="stream_not_supported")
+    _pictures_checked(coord, request)
     kept = request.model_dump(exclude_unset=True)
     for name in CARRIED_IDENTITY:  # only this service writes them (below), never a client
         kept.pop(name, None)
@@ -70,6 +72,18 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
         kept.update(x_key=asker.key, x_end_user=asker.end_user)
         return kept, asker.key
     return kept, ext.client_id
+
+
+def _pictures_checked(coord: Coordinator, request: Any) -> None:
+    """The pictures a job brings, checked as its live request's are: a 400 at submission
+    for one that is not a picture, not when the job runs."""
+    max_side = coord.settings.max_image_side
+    if isinstance(request, EditRequest):
+        edit_body(request, max_side)
+    elif isinstance(request, VideoRequest):
+        video_body(request, max_side)
+    elif isinstance(request, ImageRequest):
+        references(request.reference_images, request.reference_strength, max_side)
 
 
 def job_key(job: Job) -> str | None:
@@ -92,6 +106,12 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
         request = parse(ImageRequest, {**body, **ext.extra})
         return await generate_images(coord, request, ext, coord.base_url,
                                      on_dispatch=on_dispatch)
+    if job.endpoint == EDITS:
+        edit = parse(EditRequest, {**body, **ext.extra})
+        return await edit_images(coord, edit, ext, coord.base_url, on_dispatch=on_dispatch)
+    if job.endpoint == VIDEOS:
+        clip = parse(VideoRequest, {**body, **ext.extra})
+        return await make_video(coord, job, clip, ext, on_dispatch)
     body["stream"] = False
     return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch,
                        adapter=TokenCount(report))

@@ -235,18 +235,17 @@ class TranscriptionRequest(OpenAIRequest):
     timestamp_granularities: list[Literal["word", "segment"]] | None = None
 
 
-class ImageRequest(OpenAIRequest):
-    """``POST /v1/images/generations``, plus the diffusers extensions."""
+# pictures sent as text: base64, or a data: URL (services/media/pictures.py decodes them)
+Picture = Annotated[str, Field(min_length=1)]
+_REFERENCE = "pictures whose identity or style steer the result (a model with an IP-Adapter)"
+
+
+class _Pictured(OpenAIRequest):
+    """What every request that makes pictures or clips shares: its prompt and size."""
 
     prompt: str = Field(min_length=1, max_length=32000)
-    n: Int | None = Field(default=None, ge=1, le=10)
     size: str | None = Field(default=None, pattern=_SIZE.pattern,
                              description=f"'WxH', multiples of 8 from 64 to {MAX_SIDE}")
-    response_format: Literal["b64_json", "url"] | None = None
-    x_steps: Int | None = Field(default=None, ge=1, le=200)
-    x_seed: Int | None = Field(default=None, ge=0, le=2**63 - 1)
-    x_guidance: Number | None = Field(default=None, ge=0, le=50)
-    x_negative_prompt: str | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -255,16 +254,30 @@ class ImageRequest(OpenAIRequest):
             raise ValueError("must not be blank")
         return prompt
 
-    @field_validator("size")
+    @field_validator("size", mode="before")
     @classmethod
-    def _sides(cls, size: str | None) -> str | None:
-        match = _SIZE.match(size) if size else None
+    def _sides(cls, size: Any) -> Any:
+        match = _SIZE.match(size) if isinstance(size, str) else None
         if match:
             width, height = int(match.group(1)), int(match.group(2))
             if not (64 <= width <= MAX_SIDE and 64 <= height <= MAX_SIDE) or width % 8 \
                     or height % 8:
                 raise ValueError(f"sides must be multiples of 8 between 64 and {MAX_SIDE}")
-        return size
+        return None if size == "auto" else size
+
+
+class ImageRequest(_Pictured):
+    """``POST /v1/images/generations``, plus the diffusers extensions."""
+
+    n: Int | None = Field(default=None, ge=1, le=10)
+    response_format: Literal["b64_json", "url"] | None = None
+    x_steps: Int | None = Field(default=None, ge=1, le=200)
+    x_seed: Int | None = Field(default=None, ge=0, le=2**63 - 1)
+    x_guidance: Number | None = Field(default=None, ge=0, le=50)
+    x_negative_prompt: str | None = None
+    reference_images: list[Picture] | None = Field(default=None, min_length=1, max_length=4,
+                                                   description=_REFERENCE)
+    reference_strength: Number | None = Field(default=None, ge=0, le=1)
 
     def worker_body(self) -> dict[str, Any]:
         """The request in the diffusers worker's terms."""
@@ -281,6 +294,47 @@ class ImageRequest(OpenAIRequest):
         return body
 
 
+class EditRequest(_Pictured):
+    """``POST /v1/images/edits`` (OpenAI's form; a job's body as JSON): the first of
+    ``image`` edited, inpainted where ``mask`` is transparent; ``strength``, ``steps``,
+    ``seed``, ``guidance``, ``negative_prompt`` and references as extensions."""
+
+    image: Picture | list[Picture] = Field(description="the picture to edit")
+    mask: Picture | None = Field(default=None, description="transparent pixels are repainted")
+    n: Int | None = Field(default=None, ge=1, le=10)
+    response_format: Literal["b64_json", "url"] | None = None
+    strength: Number | None = Field(default=None, gt=0, le=1,
+                                    description="how far from the picture (0.75)")
+    steps: Int | None = Field(default=None, ge=1, le=200)
+    seed: Int | None = Field(default=None, ge=0, le=2**63 - 1)
+    guidance: Number | None = Field(default=None, ge=0, le=50)
+    negative_prompt: str | None = None
+    reference_images: list[Picture] | None = Field(default=None, min_length=1, max_length=4,
+                                                   description=_REFERENCE)
+    reference_strength: Number | None = Field(default=None, ge=0, le=1)
+
+    @field_validator("image")
+    @classmethod
+    def _one_or_more(cls, image: str | list[str]) -> str | list[str]:
+        if isinstance(image, list) and not image:
+            raise ValueError("send the picture to edit")
+        return image
+
+
+class VideoRequest(_Pictured):
+    """``POST /v1/videos`` (OpenAI's form; JSON too): a clip of ``seconds`` from the prompt
+    (and ``input_reference``, for an image-to-video model); ``steps``, ``fps``, ``seed``,
+    ``guidance`` and ``negative_prompt`` as extensions."""
+
+    seconds: Number | None = Field(default=None, gt=0, le=600)
+    input_reference: Picture | None = None
+    fps: Int | None = Field(default=None, ge=1, le=60)
+    steps: Int | None = Field(default=None, ge=1, le=200)
+    seed: Int | None = Field(default=None, ge=0, le=2**63 - 1)
+    guidance: Number | None = Field(default=None, ge=0, le=50)
+    negative_prompt: str | None = None
+
+
 ENDPOINT_BODIES: dict[str, type[OpenAIRequest]] = {
     "/v1/chat/completions": ChatRequest,
     "/v1/completions": CompletionRequest,
@@ -288,4 +342,6 @@ ENDPOINT_BODIES: dict[str, type[OpenAIRequest]] = {
     "/v1/rerank": RerankRequest,
     "/v1/audio/speech": SpeechRequest,
     "/v1/images/generations": ImageRequest,
+    "/v1/images/edits": EditRequest,
+    "/v1/videos": VideoRequest,
 }

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..backends.registry import BACKENDS
-from ..catalog import BackendKind, Category, ModelManifest
+from ..catalog import BackendKind, Category, ModelManifest, media_refusal
 from ..errors import (
     BadRequest,
     BudgetExceeded,
@@ -131,7 +131,8 @@ def _refusal(coord: Coordinator, model_id: str, endpoint: str,
     manifest = found.manifest
     return _wrong_kind(coord, manifest, endpoint) \
         or _not_turned_on(coord, manifest, endpoint) or _blind(manifest, endpoint, body) \
-        or _too_many_choices(manifest, endpoint, body)
+        or _too_many_choices(manifest, endpoint, body) \
+        or media_refusal(manifest, found.path, found.ip_adapter, endpoint, body)
 
 
 async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
@@ -293,8 +294,7 @@ def _blind(manifest: ModelManifest, endpoint: str, body: dict[str, Any]) -> BadR
 
 def _too_many_choices(manifest: ModelManifest, endpoint: str,
                       body: dict[str, Any]) -> BadRequest | None:
-    # a worker kind that says how many choices it serves (llama: 1); others decide for
-    # themselves (a cloud remote, a command's server)
+    # a worker kind that says how many choices it serves (llama: 1); others decide (cloud)
     limit = getattr(BACKENDS.get(manifest.backend), "choices_per_request", None)
     n = body.get("n")
     if endpoint not in CHOICE_ENDPOINTS or limit is None or not isinstance(n, int) or n <= limit:

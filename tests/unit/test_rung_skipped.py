@@ -66,7 +66,7 @@ async def test_a_model_asked_for_another_kinds_endpoint_is_refused_before_any_lo
         "voice")
     assert images.json()["error"]["message"].endswith("models that do: sd")
     assert "/v1/audio/transcriptions" in heard.json()["error"]["message"]
-    assert "it serves /v1/images/generations, not /v1/chat/completions" in \
-        chat_sd.json()["error"]["message"]
+    assert "it serves /v1/images/generations, /v1/images/edits, not /v1/chat/completions" \
+        in chat_sd.json()["error"]["message"]
     assert not coord.events.recent("load_started")
     assert all(slot.state == "idle" for slot in coord.pool.slots.values())

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..tickets import CancelOutcome, Ticket
+from .edits import EditPipelines, edit_kwargs, edit_steps, steps_run
 from .errors import CudaOutOfMemory, GenerationFailed, WorkerError
 from .loader import LoadedPipeline
 from .memory import (
@@ -42,6 +43,7 @@ class Generator:
 
     def __init__(self, holder: PipelineHolder) -> None:
         self.holder = holder
+        self.edits = EditPipelines()  # img2img and inpainting, made from the loaded pipeline
         self._progress: dict[str, Any] = {"job": 0, "step": 0, "steps": 0, "state": "idle",
                                           "request_id": None}
 
@@ -105,14 +107,16 @@ class Generator:
         loaded = self.holder.loaded
         assert loaded is not None
         started = time.monotonic()
-        self._progress = {"job": self._progress["job"] + 1, "step": 0, "steps": req.steps,
+        steps = steps_run(edit_steps(req.steps, req.strength), req.strength) \
+            if req.image is not None else req.steps
+        self._progress = {"job": self._progress["job"] + 1, "step": 0, "steps": steps,
                           "state": "running", "request_id": ticket.request_id}
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "big")
         try:
             ticket.raise_if_cancelled()  # a cancel that came before the loop
-            kwargs = _call_kwargs(loaded, req, seed, self._on_step(ticket))
+            pipe, kwargs = self._pipeline(loaded, req, seed, self._on_step(ticket))
             kwargs.update(reference_kwargs(loaded, req))  # IP-Adapter references, if any
-            latents = loaded.pipe(**kwargs).images
+            latents = pipe(**kwargs).images
             denoised = time.monotonic()
             ticket.raise_if_cancelled()
             free = cuda_free_mb(_vae_device(loaded)) if loaded.device == "cuda" else None
@@ -141,6 +145,20 @@ class Generator:
                         "total_s": round(finished - queued, 4)},
             "memory_decisions": decision.report(free),
         }
+
+    def _pipeline(self, loaded: LoadedPipeline, req: GenerateRequest, seed: int,
+                  on_step: Any) -> tuple[Any, dict[str, Any]]:
+        """The pipeline to call and its arguments: the loaded one for a generation, the
+        image-to-image or inpainting one made from it for an edit."""
+        kwargs = _call_kwargs(loaded.call_params, req, seed, on_step)
+        if req.image is None:
+            return loaded.pipe, kwargs
+        edit = self.edits.get(loaded.pipe, inpaint=req.mask is not None)
+        kwargs = _call_kwargs(edit.call_params, req, seed, on_step)
+        kwargs["num_inference_steps"] = edit_steps(req.steps, req.strength)
+        extra = edit_kwargs(req.image, req.mask, req.strength, req.width, req.height)
+        kwargs.update((k, v) for k, v in extra.items() if k in edit.call_params)
+        return edit.pipe, kwargs
 
     @contextmanager
     def tracking(self, ticket: Ticket, steps: int) -> Iterator[Any]:
@@ -190,7 +208,7 @@ class Generator:
                                   hooks), retried
 
 
-def _call_kwargs(loaded: LoadedPipeline, req: GenerateRequest, seed: int,
+def _call_kwargs(call_params: frozenset[str], req: GenerateRequest, seed: int,
                  on_step: Any) -> dict[str, Any]:
     import torch
 
@@ -200,7 +218,7 @@ def _call_kwargs(loaded: LoadedPipeline, req: GenerateRequest, seed: int,
               "generator": torch.Generator(device="cpu").manual_seed(seed),
               "output_type": "latent", "callback_on_step_end": on_step}
     # not every pipeline takes every argument (FLUX.1 has no negative prompt)
-    return {k: v for k, v in wanted.items() if k in loaded.call_params and v is not None}
+    return {k: v for k, v in wanted.items() if k in call_params and v is not None}
 
 
 def _vae_device(loaded: LoadedPipeline) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # ids the coordinator (or any caller) picks to name a generation, e.g. its own request id
 RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -26,6 +26,11 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     n: int = Field(default=1, ge=1, le=10)  # the OpenAI images API allows 1..10
     request_id: RequestId | None = None  # names this generation for POST /cancel
+    # an edit (workers/diffusers/edits.py): the picture to start from (base64 PNG, RGB) and,
+    # for inpainting, its mask (white is repainted); strength: how far from the picture to go
+    image: str | None = Field(default=None, min_length=1)
+    mask: str | None = Field(default=None, min_length=1)
+    strength: float = Field(default=0.75, gt=0, le=1)
     # identity / style references for a model with an IP-Adapter (workers/diffusers/
     # references.py): base64 PNG, JPEG or WebP images, and how strongly they steer (0: not)
     reference_images: list[ReferenceImage] | None = Field(default=None, max_length=4)
@@ -37,6 +42,12 @@ class GenerateRequest(BaseModel):
         if not value.strip():
             raise ValueError("must not be blank")
         return value
+
+    @model_validator(mode="after")
+    def _mask_needs_image(self) -> GenerateRequest:
+        if self.mask is not None and self.image is None:
+            raise ValueError("mask: a mask needs the image it masks ('image')")
+        return self
 
     @field_validator("width", "height")
     @classmethod

@@ -46,7 +46,8 @@ class LlamaServerBackend(HttpWorkerBackend):
     # what only other kinds of worker answer, refused before a load (llama.cpp's server would
     # be loaded to answer 404 "File Not Found" for images, or that the model takes no audio)
     refuses = frozenset({"/v1/audio/speech", "/v1/audio/transcriptions",
-                         "/v1/audio/translations", "/v1/images/generations"})
+                         "/v1/audio/translations", "/v1/images/generations",
+                         "/v1/images/edits", "/v1/videos"})
 
     def gpu_layers(self, placement: Placement | None) -> int:
         """Layers on the GPU: 0 without one, the pool's count for a partial offload, else the
