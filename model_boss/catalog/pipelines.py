@@ -11,14 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from workers.pipeline_kinds import is_video_pipeline
+from workers.pipeline_kinds import takes_image as needs_image
+
 from ..errors import BadRequest
 from .manifest import BackendKind, Category, ModelManifest
 
-# families whose names do not say "Video"
-_VIDEO_FAMILIES = ("Wan", "LTX", "CogVideoX", "HunyuanVideo", "Mochi", "Allegro", "Latte",
-                   "AnimateDiff", "I2VGenXL", "SkyReels", "TextToVideo", "VideoToVideo",
-                   "EasyAnimate", "ConsisID", "Cosmos")
-_TAKES_IMAGE = ("ImageToVideo", "I2V", "StableVideoDiffusion")
 ADAPTER_FOLDERS = ("ip_adapter", "ip-adapter")  # inside a pipeline's folder
 VIDEOS = "/v1/videos"
 DEFAULT_SECONDS = 4.0  # a clip that names no length (OpenAI's default)
@@ -35,15 +33,14 @@ def pipeline_class(folder: Path) -> str | None:
 
 
 def makes_video(class_name: str | None) -> bool:
-    """Whether a pipeline of this class makes clips rather than pictures."""
-    if not class_name:
-        return False
-    return "Video" in class_name or class_name.startswith(_VIDEO_FAMILIES)
+    """Whether a pipeline of this class makes clips rather than pictures (the worker's own
+    rule, :mod:`workers.pipeline_kinds`, so both sides agree on every class)."""
+    return bool(class_name) and is_video_pipeline(class_name)
 
 
 def takes_image(class_name: str | None) -> bool:
     """Whether a video pipeline of this class starts from a picture (image-to-video)."""
-    return bool(class_name) and any(part in class_name for part in _TAKES_IMAGE)
+    return bool(class_name) and needs_image(class_name)
 
 
 def ip_adapter_path(manifest: ModelManifest, folder: Path | None,

@@ -14,20 +14,20 @@ from pydantic import ValidationError
 from tests.lazy_modules import lazy
 from workers.diffusers.errors import InvalidRequest, UnsupportedEndpoint
 from workers.diffusers.loader import LoadedPipeline
-from workers.diffusers.media.kinds import (
-    PipelineKind,
-    frames_for,
-    is_video_pipeline,
-    off_multiple,
-    pipeline_kind,
-    takes_image,
-)
 from workers.diffusers.video import (
     VideoRequest,
     plan_video,
     require_kind,
     size_multiple,
     temporal_ratio,
+)
+from workers.pipeline_kinds import (
+    PipelineKind,
+    frames_for,
+    is_video_pipeline,
+    off_multiple,
+    pipeline_kind,
+    takes_image,
 )
 
 av = lazy("av")

@@ -40,7 +40,7 @@ class LoadedPipeline:
     @property
     def kind(self) -> PipelineKind:
         """What it makes, from its class name: ``POST /generate`` serves images, ``POST
-        /video`` videos (``media.kinds``)."""
+        /video`` videos (``workers.pipeline_kinds``)."""
         return pipeline_kind(type(self.pipe).__name__)
 
 

@@ -17,9 +17,10 @@ MAX_PARTS = 32  # pictures and fields in one form
 
 async def read_body(request: Request, files: frozenset[str],
                     lists: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The request's fields: a form's parts read (:func:`form_body`), or its JSON object."""
+    """The request's fields: a form's parts read (:func:`form_body`; a urlencoded form has
+    no file parts, its pictures are base64 fields), or its JSON object."""
     kind = request.headers.get("content-type", "")
-    if kind.startswith("multipart/form-data"):
+    if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         async with request.form(max_files=MAX_PARTS, max_fields=MAX_PARTS) as form:
             parts = [(name, Upload(value.filename, await value.read())
                       if isinstance(value, UploadFile) else value)

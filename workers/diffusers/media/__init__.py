@@ -5,7 +5,7 @@ video path both use them without an import circle."""
 
 from __future__ import annotations
 
-from .kinds import (
+from ...pipeline_kinds import (
     PipelineKind,
     frames_for,
     is_video_pipeline,

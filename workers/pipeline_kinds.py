@@ -1,6 +1,7 @@
-"""What a pipeline makes, told from its class name (``_class_name`` in model_index.json), and
-the frame and size rules a video pipeline imposes. Pure functions over names and numbers: the
-loader tags a pipeline with its kind, the routes refuse the wrong endpoint, and the tests
+"""What a diffusers pipeline makes, told from its class name (``_class_name`` in
+model_index.json), and the frame and size rules a video pipeline imposes. Pure functions over
+names and numbers, importing nothing: the worker's loader tags a pipeline with its kind, the
+coordinator's catalog tells a video model from a picture one before it loads, and the tests
 check every rule by table without building a model."""
 
 from __future__ import annotations
