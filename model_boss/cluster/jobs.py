@@ -225,6 +225,11 @@ class StreamJobManager(JobManager):
                 await self.announce_cancel(job_id)
         return await self.get(job_id)
 
+    async def requeue(self, job_id: str) -> Job | None:
+        """A clustered job does not yield: its stream entry is this member's until it ends,
+        and a run started over here would not be seen by the others. It runs on."""
+        return None
+
     async def cancelled_elsewhere(self, job_id: str) -> None:
         """Another member cancelled a job this member runs: stop it."""
         task = self._tasks.get(job_id)

@@ -35,6 +35,7 @@ class Job:
     created_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     member: str | None = None  # in a cluster: the member running (or that ran) it
+    yields: int = 0  # times it gave its slot back to more important work and waited again
 
     def public(self, with_body: bool = False) -> dict[str, Any]:
         data = asdict(self)

@@ -30,6 +30,7 @@ class JobManager:
         self.result_ttl_s = result_ttl_s
         self.max_active = max_active
         self._tasks: dict[str, asyncio.Task] = {}
+        self._yielding: set[str] = set()  # jobs cancelled to be queued again, not ended
 
     async def start(self) -> None:
         """Begin taking work (a manager whose jobs wait elsewhere, on a stream, does)."""
@@ -40,9 +41,33 @@ class JobManager:
         job = Job(id="job-" + uuid.uuid4().hex[:20], endpoint=endpoint, body=body,
                   client_id=client_id)
         await self.store.put(job, None)
+        self._start(job)
+        return job
+
+    def _start(self, job: Job) -> None:
         task = asyncio.create_task(self._run(job), name=job.id)
         self._tasks[job.id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(job.id, None))
+        task.add_done_callback(lambda t: self._tasks.pop(job.id, None)
+                               if self._tasks.get(job.id) is t else None)
+
+    async def requeue(self, job_id: str) -> Job | None:
+        """The job gives its slot back and waits in the queue again (it yields to more
+        important work): its run is cancelled (a worker stops at its next step) and started
+        over, its progress reset, ``yields`` counted. None when it is no longer running."""
+        task = self._tasks.get(job_id)
+        if task is None or task.done():
+            return None
+        self._yielding.add(job_id)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        job = await self.get(job_id)
+        if job.status in FINISHED:  # it ended before the cancel landed
+            self._yielding.discard(job_id)
+            return job
+        await self.update(job, status=JobStatus.QUEUED, progress={}, yields=job.yields + 1)
+        self._yielding.discard(job_id)
+        self._start(job)
         return job
 
     async def update(self, job: Job, **changes: Any) -> None:
@@ -55,8 +80,9 @@ class JobManager:
         try:
             result = await self.runner(job, self)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await self.update(job, status=JobStatus.CANCELLED, finished_at=time.time())
+            if job.id not in self._yielding:
+                with contextlib.suppress(Exception):
+                    await self.update(job, status=JobStatus.CANCELLED, finished_at=time.time())
             raise
         except ModelBossError as exc:
             await self._finish(job, started, JobStatus.FAILED,

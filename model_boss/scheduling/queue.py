@@ -19,20 +19,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from ..errors import (
-    BudgetExceeded,
-    CapacityExceeded,
-    ModelBossError,
-    ModelUnavailable,
-    RateLimited,
-)
+from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable, RateLimited
 from ..events import EventBus
 from ..settings import Settings
 from ..usage import Meter
 from .budget import Prediction, admit, predict
 from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait
-from .request import ARRIVING, Arrivals, Backlog, QueuedRequest, SlotTicket
+from .request import ARRIVING, Arrivals, Backlog, QueuedRequest, SlotTicket, ask_to_yield
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
 from .seams import SlotBoard, SlotGate
@@ -71,6 +65,8 @@ class InferenceQueue:
         self._held = False
         self._in_flight_by_client: dict[str, int] = {}
         self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
+        # request id -> how to ask it to give its slot back (a video job: it is requeued)
+        self.yieldable: dict[str, Callable[[], None]] = {}
         self.granted_total = 0
         self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
         pool.on_change = self.wake
@@ -346,7 +342,8 @@ class InferenceQueue:
                                  CapacityExceeded(decision.reason, retry_after_s=30))
             elif isinstance(decision, Wait):
                 self._planners.append(request)
-                draining.update(decision.blocking)
+                draining.update(decision.blocking)  # less important long work yields to it
+                ask_to_yield(decision.blocking, priority, self.meter.running, self.yieldable)
             else:  # the owner joins a load already in flight instead of starting a second
                 task = owner.start_load(priority)
                 if task is not None and isinstance(decision, Evict):

@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -225,3 +225,29 @@ class Arrivals:
                 if self.by_client[client_id] <= 0:
                     del self.by_client[client_id]
         return leave
+
+
+def yielders(blocking: Collection[str], priority: int,
+             running: Iterable[tuple[str, int, str]]) -> list[str]:
+    """The running work that gives its slot back for a waiting request of ``priority`` whose
+    model waits on ``blocking`` (the planner's busy models it would evict once idle): of
+    ``running`` (model, priority, request id: only work that can yield, a video job), what
+    runs on a blocking model and is less important than the waiter (numerically greater).
+    Pure; the caller asks each to yield once."""
+    blocked = set(blocking)
+    return [request_id for model_id, running_priority, request_id in running
+            if model_id in blocked and running_priority > priority]
+
+
+def ask_to_yield(blocking: Collection[str], priority: int,
+                 running: Callable[[str], Iterable[SlotTicket]],
+                 yieldable: dict[str, Callable[[], None]]) -> list[str]:
+    """Ask the work :func:`yielders` names to yield (each once: its ask leaves
+    ``yieldable``); ``running`` gives a model's running tickets. The ids asked."""
+    candidates = [(ticket.slot.model_id, ticket.request.priority, ticket.request.request_id)
+                  for model_id in blocking for ticket in running(model_id)
+                  if ticket.request.request_id in yieldable]
+    asked = yielders(blocking, priority, candidates)
+    for request_id in asked:
+        yieldable.pop(request_id)()
+    return asked

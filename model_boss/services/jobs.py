@@ -9,7 +9,9 @@ body a request with ``stream: false`` gets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 # the fields of a streamed choice that carry generated text (a token an event, as llama.cpp
 # streams them)
 _GENERATED = ("content", "reasoning_content", "tool_calls", "text")
+_YIELDS: set[asyncio.Task] = set()  # requeues under way (kept from the collector)
 
 
 async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
@@ -86,6 +89,24 @@ def _pictures_checked(coord: Coordinator, request: Any) -> None:
         references(request.reference_images, request.reference_strength, max_side)
 
 
+@contextlib.contextmanager
+def _yields(coord: Coordinator, job: Job) -> Iterator[None]:
+    """While it runs, a video job gives its slot back when the queue asks (a more important
+    request waits for its model's room): its worker stops at the next denoising step and the
+    job waits in the queue again, to start over (``yields`` counts it)."""
+    def ask() -> None:
+        coord.events.emit("job_yielded", job=job.id, model=job.model)
+        task = asyncio.create_task(coord.jobs.requeue(job.id))
+        _YIELDS.add(task)
+        task.add_done_callback(_YIELDS.discard)
+
+    coord.queue.yieldable[job.id] = ask
+    try:
+        yield
+    finally:
+        coord.queue.yieldable.pop(job.id, None)
+
+
 def job_key(job: Job) -> str | None:
     """The key a job was taken from (None: taken with no keys configured)."""
     key = job.body.get("x_key")
@@ -111,7 +132,8 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
         return await edit_images(coord, edit, ext, coord.base_url, on_dispatch=on_dispatch)
     if job.endpoint == VIDEOS:
         clip = parse(VideoRequest, {**body, **ext.extra})
-        return await make_video(coord, job, clip, ext, on_dispatch)
+        with _yields(coord, job):
+            return await make_video(coord, job, clip, ext, on_dispatch)
     body["stream"] = False
     return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch,
                        adapter=TokenCount(report))

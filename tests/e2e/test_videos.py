@@ -160,6 +160,30 @@ def test_a_video_cancelled_while_it_runs_frees_its_slot(server):
 
 GREY_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAFElEQVR4nGPk5ORkwAaYsIoOWgkAG+oAK1vd"
             "aFEAAAAASUVORK5CYII=")  # an 8x8 grey picture
+def test_a_long_video_yields_to_a_more_important_request_for_another_model(server):
+    """A video job at priority 9 holds the GPU; a chat at priority 2 for the LLM, which cannot
+    fit beside it, is served after the video gives its slot back at its next step; the video
+    waits in the queue again and is made from the start once the chat is done."""
+    made = client(server).videos.create(model="tiny-wan", prompt="slow", seconds="1",
+                                        size="64x64", extra_body={"steps": 80, "x_priority": 9,
+                                                                  "guidance": 1})
+    wait_for(lambda: httpx.get(f"{server.url}/v1/videos/{made.id}").json()["progress"] > 0,
+             timeout=120, interval=0.05)
+    started = time.monotonic()
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=300, json={
+        "model": "smol", "max_tokens": 2, "x_priority": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    answered_s = time.monotonic() - started
+    assert chat.status_code == 200, chat.text
+    job = httpx.get(f"{server.url}/api/v1/jobs/{made.id.removeprefix('video_')}").json()
+    assert job["yields"] == 1 and job["status"] in ("queued", "loading", "running"), job
+    events = httpx.get(server.url + "/api/v1/events?stream=false").json()["events"]
+    assert any(e["type"] == "job_yielded" and e["job"] == job["id"] for e in events)
+    video = finished(server, made.id)
+    assert video["status"] == "completed", video
+    print(f"\nthe chat waited {answered_s:.1f} s behind the yielding video")
+
+
 BAD = [
     ("seconds past the model's limit", {"model": "tiny-wan", "seconds": "4"}, 400, "seconds"),
     ("a picture for a text-to-video model", {"model": "tiny-wan", "input_reference":
