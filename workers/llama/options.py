@@ -8,6 +8,11 @@
         [--slot-save-path DIR] [--cache-ram MiB] [--fit-only]
         [--temp T] [--top-k N] [--top-p P] [--min-p P] [--seed N] [--repeat-penalty R]
         [--presence-penalty P] [--frequency-penalty P]
+        [--lora FILE]... [--lora-scaled FILE:SCALE]... [--lora-init-without-apply]
+        [--model-draft FILE [--draft-max N] [--draft-min N] [--draft-p-min P]
+         [--gpu-layers-draft N]]
+
+The LoRA and draft flags are ``adapters``'s (what a request's ``"lora"`` field does there).
 
 The sampling flags are llama-server's: the defaults of a request that does not set its own
 (a manifest's ``args: ["--temp", "0"]`` makes a model greedy unless a request asks otherwise).
@@ -21,6 +26,9 @@ import argparse
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from . import adapters
+from .adapters import DraftModel, LoraAdapter
 
 PROG = "python -m workers.llama"
 API_KEY_ENV = "LLAMA_API_KEY"
@@ -66,6 +74,9 @@ class WorkerOptions:
     cache_ram_mib: int | None = None  # llama.cpp's host-RAM prompt cache (None: its default)
     # the sampling defaults the flags set, as (llama.cpp's field, value)
     sampling: tuple[tuple[str, float], ...] = ()
+    lora: tuple[LoraAdapter, ...] = ()  # loaded at start; a request names one by its place
+    lora_init_without_apply: bool = False  # every adapter at scale 0 until a request asks
+    draft: DraftModel | None = None  # speculative decoding's draft model
 
 
 def _split(text: str) -> tuple[float, ...]:
@@ -107,7 +118,9 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
     for field, flags in SAMPLING.items():
         parser.add_argument(*flags, dest=f"sampling_{field}", default=None,
                             type=int if field in _WHOLE else float)
+    adapters.add_flags(parser)
     args = parser.parse_args(argv)
+    lora, draft = adapters.from_args(parser, args)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
     if args.chat_template and args.chat_template_file:
@@ -125,7 +138,8 @@ def parse_args(argv: list[str] | None = None) -> WorkerOptions:
         parent_pid=args.parent_pid, fit_only=args.fit_only,
         slot_save_path=args.slot_save_path, cache_ram_mib=args.cache_ram,
         sampling=tuple((field, value) for field in SAMPLING
-                       if (value := getattr(args, f"sampling_{field}")) is not None))
+                       if (value := getattr(args, f"sampling_{field}")) is not None),
+        lora=lora, lora_init_without_apply=args.lora_init_without_apply, draft=draft)
 
 
 def to_params(options: WorkerOptions) -> Any:
@@ -177,6 +191,7 @@ def to_params(options: WorkerOptions) -> Any:
         p.cache_ram_mib = options.cache_ram_mib
     for field, value in options.sampling:
         setattr(p.sampling, field, value)
+    adapters.apply(p, options.lora, options.lora_init_without_apply, options.draft)
     p.ui = False
     # the coordinator places the model (layers, split, context); llama.cpp must not re-fit it
     p.fit_params = False
