@@ -32,6 +32,7 @@ FILES = {
     "timeline.js": "text/javascript; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
     "usage.js": "text/javascript; charset=utf-8",
+    "jobs.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 # The page must not be framed or load anything from elsewhere.
@@ -62,7 +63,10 @@ async def dashboard_page(request: Request) -> Response:
     page = _read("index.html")
     snapshot = await _snapshot(request) if _may_read_state(request) else None
     if snapshot is not None:
-        page = page.replace(SNAPSHOT_MARK, snapshot_element(snapshot))
+        try:
+            page = page.replace(SNAPSHOT_MARK, snapshot_element(snapshot))
+        except TypeError:  # a value JSON cannot say: the bare page, which reads it itself
+            log.warning("the dashboard's first snapshot could not be encoded", exc_info=True)
     # the page may carry state now: kept by no cache, shared or not
     return Response(page, media_type=FILES["index.html"],
                     headers={**HEADERS, "cache-control": "no-store"})
@@ -96,7 +100,8 @@ async def _snapshot(request: Request) -> dict[str, Any] | None:
 
 def snapshot_element(snapshot: dict[str, Any]) -> bytes:
     """``snapshot`` as JSON in an inert ``<script type="application/json">`` element."""
-    data = orjson.dumps(jsonable_encoder(snapshot))
+    # the status has integer keys (the queue's count by priority): strings, as the API says
+    data = orjson.dumps(jsonable_encoder(snapshot), option=orjson.OPT_NON_STR_KEYS)
     for raw, escaped in _HTML_SAFE:
         data = data.replace(raw, escaped)
     return b'<script type="application/json" id="snapshot">' + data + b"</script>"

@@ -7,6 +7,7 @@
 import {startTimePanels} from "/ui/timeline.js";
 import {startPlayground} from "/ui/playground.js";
 import {startUsage} from "/ui/usage.js";
+import {startJobs} from "/ui/jobs.js";
 
 const KEY_STORE = "model-boss-admin-key";    // sessionStorage: this tab only
 const THEME_STORE = "model-boss-theme";      // localStorage: not a secret
@@ -23,6 +24,7 @@ const state = {
 const keyEvents = new EventTarget();
 let timePanels = null;  // the Timeline and Requests panels (timeline.js)
 let usagePanel = null;  // the Usage panel (usage.js)
+let jobsPanel = null;   // the Jobs panel (jobs.js)
 
 // ---------------------------------------------------------------- small helpers
 
@@ -266,6 +268,7 @@ function onEvent(event) {
   scheduleEventRender();
   scheduleRefresh();
   timePanels?.onEvent();
+  jobsPanel?.onEvent();
 }
 
 let eventRenderQueued = false;
@@ -689,6 +692,7 @@ function start() {
     state.config = null;
     scheduleRefresh();
     usagePanel?.refresh();
+    jobsPanel?.refresh();
   });
   const snapshot = embeddedSnapshot();
   if (snapshot) renderSnapshot(snapshot);
@@ -697,6 +701,7 @@ function start() {
   timePanels = startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $});
   startPlayground({api, h, $, authHeaders});
   usagePanel = startUsage({api, h, $, authHeaders, fmtDuration});
+  jobsPanel = startJobs({api, h, $, authHeaders, serverNow, fmtDuration, notice, replaceKeepingFocus});
   streamEvents();
   setInterval(tick, 1000);
   setInterval(scheduleRefresh, BACKSTOP_MS);
