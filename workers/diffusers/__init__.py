@@ -12,8 +12,9 @@ and ``--parent-pid``).
 
 Modules: ``app`` (routes), ``pipeline`` (the holder and its states), ``generation`` (one
 generation), ``video`` (one video; ``media`` tells a video pipeline by its class name, holds
-its frame rules and encodes MP4s), ``tickets`` (admission and cancellation: the shared
-``workers.tickets`` book with this worker's refusals), ``loader`` (from_pretrained),
+its frame rules, encodes MP4s and loads the LoRA adapters a request may turn on), ``tickets``
+(admission and cancellation: the shared ``workers.tickets`` book with this worker's
+refusals), ``loader`` (from_pretrained),
 ``memory`` (offload strategies, the VAE policy, memory probes), ``options`` (the command
 line), ``errors``, ``schemas``; process lifetime is the shared ``workers.process``.
 """

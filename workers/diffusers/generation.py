@@ -1,5 +1,6 @@
-"""One generation: admitted by the holder, denoised to latents, decoded per the VAE policy,
-returned as base64 PNGs, with progress per denoising step and cancellation by ticket."""
+"""One generation: admitted by the holder, denoised to latents (with the request's LoRA
+adapter on, if it names one), decoded per the VAE policy, returned as base64 PNGs, with
+progress per denoising step and cancellation by ticket."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..tickets import CancelOutcome, Ticket
 from .edits import EditPipelines, edit_kwargs, edit_steps, steps_run
 from .errors import CudaOutOfMemory, GenerationFailed, WorkerError
 from .loader import LoadedPipeline
+from .media import applied, require_adapter
 from .memory import (
     Offload,
     VaeDecision,
@@ -70,6 +72,8 @@ class Generator:
 
     async def generate(self, req: GenerateRequest) -> dict[str, Any]:
         """Admit (or refuse) at once, then denoise and decode images in a thread."""
+        if self.holder.loaded is not None:  # an unknown adapter: a 400 before any queueing
+            require_adapter(self.holder.loaded.loras, req.adapter)
         return await self.admitted(
             req.request_id, lambda ticket, queued: self._run_locked(ticket, req, queued))
 
@@ -106,6 +110,7 @@ class Generator:
 
         loaded = self.holder.loaded
         assert loaded is not None
+        require_adapter(loaded.loras, req.adapter)  # admitted as the load ended: checked here
         started = time.monotonic()
         steps = steps_run(edit_steps(req.steps, req.strength), req.strength) \
             if req.image is not None else req.steps
@@ -116,7 +121,10 @@ class Generator:
             ticket.raise_if_cancelled()  # a cancel that came before the loop
             pipe, kwargs = self._pipeline(loaded, req, seed, self._on_step(ticket))
             kwargs.update(reference_kwargs(loaded, req))  # IP-Adapter references, if any
-            latents = pipe(**kwargs).images
+            # the adapter sits in the loaded pipeline's UNet and text encoder, which an edit's
+            # pipeline shares; on for this call only, under the weights lock we hold
+            with applied(loaded.pipe, req.adapter, req.adapter_scale):
+                latents = pipe(**kwargs).images
             denoised = time.monotonic()
             ticket.raise_if_cancelled()
             free = cuda_free_mb(_vae_device(loaded)) if loaded.device == "cuda" else None

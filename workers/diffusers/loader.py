@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from .media import PipelineKind, pipeline_kind
+from .media import PipelineKind, attach_loras, pipeline_kind
 from .memory import Offload, pipeline_footprint_mb, place_weights, torch_dtype
 from .options import WorkerOptions
 from .references import adapter_files, attach_ip_adapter
@@ -36,6 +36,7 @@ class LoadedPipeline:
     call_params: frozenset[str]  # the arguments this pipeline's __call__ takes
     notes: tuple[str, ...] = ()
     ip_adapter: str | None = None  # the attached IP-Adapter's weights file: references work
+    loras: tuple[str, ...] = ()  # the LoRA adapters' names (--lora), all off until asked for
 
     @property
     def kind(self) -> PipelineKind:
@@ -120,6 +121,7 @@ def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> 
     # before placement: the encoder and adapter layers move, and count, with the pipeline
     ip_adapter = attach_ip_adapter(pipe, adapter_files(
         opts.ip_adapter, opts.ip_adapter_image_encoder)) if opts.ip_adapter else None
+    loras = attach_loras(pipe, opts.loras)  # loaded, then switched off
     progress.placing = True
     pipe.set_progress_bar_config(disable=True)
     footprint_mb = pipeline_footprint_mb(pipe)
@@ -129,7 +131,7 @@ def load_pipeline(opts: WorkerOptions, progress: LoadProgress | None = None) -> 
         footprint_mb=footprint_mb, load_s=round(time.monotonic() - started, 3),
         ready_s=round(time.time() - psutil.Process().create_time(), 3),
         call_params=frozenset(inspect.signature(pipe.__call__).parameters), notes=tuple(notes),
-        ip_adapter=ip_adapter)
+        ip_adapter=ip_adapter, loras=loras)
     log.info("loaded %s in %.2fs on %s (%s, offload %s), footprint %s MB", opts.model,
              loaded.load_s, device, loaded.dtype, offload, footprint_mb)
     return loaded

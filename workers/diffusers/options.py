@@ -5,11 +5,13 @@
         [--offload none|model|sequential|group|balanced] [--max-memory JSON]
         [--vae-mb-per-512px 1600] [--allow-cpu-vae|--no-allow-cpu-vae]
         [--vram-margin-mb 512] [--parent-pid PID] [--api-key KEY]
-        [--ip-adapter PATH [--ip-adapter-image-encoder DIR]]
+        [--ip-adapter PATH [--ip-adapter-image-encoder DIR]] [--lora NAME=PATH]...
 
 ``--ip-adapter`` attaches an IP-Adapter (its weights file, or a folder holding one) so requests
 may bring reference images; its image encoder is the ``image_encoder/`` folder beside it unless
-``--ip-adapter-image-encoder`` names another (``references``).
+``--ip-adapter-image-encoder`` names another (``references``). Each ``--lora NAME=PATH`` loads
+a LoRA adapter (a ``.safetensors`` file, or a folder holding ``pytorch_lora_weights.safetensors``)
+that a request turns on by its NAME (``media.loras``); none is on otherwise.
 
 The API key is better given in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the
 worker answers anyone.
@@ -28,6 +30,7 @@ import os
 from dataclasses import dataclass, replace
 
 from ..spare import InvalidOptions, RaisingParser, refuse_owned
+from .media import parse_lora
 from .memory import Offload
 
 PROG = "python -m workers.diffusers"
@@ -53,6 +56,7 @@ class WorkerOptions:
     spare: bool = False
     ip_adapter: str | None = None  # an IP-Adapter weights file, or a folder holding one
     ip_adapter_image_encoder: str | None = None  # default: image_encoder/ beside the adapter
+    loras: tuple[tuple[str, str], ...] = ()  # (name, path) of each --lora, in the order given
 
 
 def load_args(spare: WorkerOptions, flags: list[str]) -> WorkerOptions:
@@ -94,6 +98,10 @@ def parse_args(argv: list[str] | None = None,
                              "reference images")
     parser.add_argument("--ip-adapter-image-encoder", default=None,
                         help="its CLIP image encoder folder (default: image_encoder/ beside it)")
+    parser.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                        help="a LoRA adapter (a .safetensors file, or a folder holding "
+                             "pytorch_lora_weights.safetensors) a request turns on by NAME; "
+                             "repeatable")
     args = parser.parse_args(argv)
     if not args.model and not args.spare:
         parser.error("--model is required (or --spare)")
@@ -110,6 +118,7 @@ def parse_args(argv: list[str] | None = None,
         parser.error("--ip-adapter-image-encoder needs --ip-adapter")
     if args.vae_mb_per_512px <= 0:
         parser.error("--vae-mb-per-512px must be positive")
+    loras = _loras(parser, args.lora)
     return WorkerOptions(
         model=args.model, port=args.port, host=args.host, device=args.device,
         dtype=args.dtype, offload=Offload(args.offload), max_memory=max_memory,
@@ -117,4 +126,19 @@ def parse_args(argv: list[str] | None = None,
         vram_margin_mb=args.vram_margin_mb, parent_pid=args.parent_pid,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, spare=args.spare,
         ip_adapter=args.ip_adapter or None,
-        ip_adapter_image_encoder=args.ip_adapter_image_encoder or None)
+        ip_adapter_image_encoder=args.ip_adapter_image_encoder or None, loras=loras)
+
+
+def _loras(parser: argparse.ArgumentParser, given: list[str]) -> tuple[tuple[str, str], ...]:
+    """Each ``--lora NAME=PATH`` as ``(name, path)``; a malformed one or a name given twice
+    is a usage error. The files are looked at when the pipeline loads."""
+    loras: list[tuple[str, str]] = []
+    for text in given:
+        try:
+            name, path = parse_lora(text)
+        except ValueError as exc:
+            parser.error(f"--lora {exc}")
+        if any(name == seen for seen, _ in loras):
+            parser.error(f"--lora {name}: the name is given twice")
+        loras.append((name, path))
+    return tuple(loras)

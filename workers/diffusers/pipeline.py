@@ -276,6 +276,8 @@ class PipelineHolder:
                 "footprint_mb": loaded.footprint_mb if loaded else None,
                 # reference images are taken only with an IP-Adapter: its weights file
                 "ip_adapter": loaded.ip_adapter if loaded else None,
+                # the LoRA adapters a request may name ("adapter"), all off otherwise
+                "loras": list(loaded.loras) if loaded else [],
                 "memory": self.memory(), "generating": len(self.tickets) > 0,
                 "request_ids": self.tickets.open_ids(),
                 "notes": list(loaded.notes) if loaded else [], "pid": os.getpid(),

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 # one reference image, base64 (about 15 MB of image at most)
 ReferenceImage = Annotated[str, Field(min_length=1, max_length=20_000_000)]
+# a LoRA adapter's name as the worker knows it (an unknown one is refused with the known ones)
+AdapterName = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class GenerateRequest(BaseModel):
@@ -35,6 +37,10 @@ class GenerateRequest(BaseModel):
     # references.py): base64 PNG, JPEG or WebP images, and how strongly they steer (0: not)
     reference_images: list[ReferenceImage] | None = Field(default=None, max_length=4)
     reference_strength: float = Field(default=0.6, ge=0, le=1)
+    # a LoRA adapter the worker loaded (--lora NAME=PATH), on for this generation only, and
+    # how strongly (0: the base model's images; workers/diffusers/media/loras.py)
+    adapter: AdapterName | None = None
+    adapter_scale: float = Field(default=1.0, ge=0, le=2)
 
     @field_validator("prompt")
     @classmethod

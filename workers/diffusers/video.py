@@ -7,6 +7,7 @@ cancel raises out of the step callback so a stopped video is never decoded, and 
 are encoded to an MP4 in memory (``media.mp4``). What the pipeline cannot make is refused
 before admission: an image pipeline, a size off its grid, an input image it takes none of
 (or lacks). Frame counts are rounded up to what the VAE's temporal compression makes whole.
+A LoRA adapter the request names is on for its pipeline call only, as for an image.
 """
 
 from __future__ import annotations
@@ -29,16 +30,18 @@ from .generation import Generator
 from .loader import LoadedPipeline
 from .media import (
     PipelineKind,
+    applied,
     encode_mp4,
     frames_for,
     is_video_pipeline,
     off_multiple,
     pipeline_kind,
+    require_adapter,
     takes_image,
     video_codec,
 )
 from .memory import Offload
-from .schemas import RequestId
+from .schemas import AdapterName, RequestId
 
 __all__ = ["VideoGenerator", "VideoPlan", "VideoRequest", "is_video_pipeline",
            "pipeline_kind", "plan_video", "require_kind", "size_multiple", "takes_image",
@@ -71,6 +74,8 @@ class VideoRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     image: InputImage | None = None  # image-to-video: the picture to start from, base64
     request_id: RequestId | None = None  # names this video for POST /cancel
+    adapter: AdapterName | None = None  # a LoRA the worker loaded (--lora), for this video
+    adapter_scale: float = Field(default=1.0, ge=0, le=2)
 
     @field_validator("prompt")
     @classmethod
@@ -128,6 +133,7 @@ def plan_video(loaded: LoadedPipeline, req: VideoRequest) -> VideoPlan:
     """Check ``req`` against the loaded pipeline (400s naming the field) and say what it
     becomes there."""
     require_kind(loaded, PipelineKind.VIDEO)
+    require_adapter(loaded.loras, req.adapter)
     name = type(loaded.pipe).__name__
     multiple = size_multiple(loaded.pipe)
     if (param := off_multiple(req.width, req.height, multiple)) is not None:
@@ -176,8 +182,9 @@ class VideoGenerator:
 
             try:
                 ticket.raise_if_cancelled()  # a cancel that came before the loop
-                output = loaded.pipe(**_call_kwargs(loaded.call_params, req, plan, seed,
-                                                    on_step))
+                with applied(loaded.pipe, req.adapter, req.adapter_scale):
+                    output = loaded.pipe(**_call_kwargs(loaded.call_params, req, plan, seed,
+                                                        on_step))
             except torch.cuda.OutOfMemoryError as exc:
                 gc.collect()
                 torch.cuda.empty_cache()
