@@ -11,6 +11,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from ..backends.llama.report import draft_figures
 from ..runtime_config import RuntimeValues
 from ..scheduling.waiting import waiting_list
 from ..slots.slot import SlotState
@@ -70,10 +71,16 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.get("/api/v1/models/{model_id:path}/status")
 async def model_status(request: Request, model_id: str) -> dict[str, Any]:
+    """The model's slot (an adapter's: its base's), its prompt caches, and with a draft
+    model the draft's work as its worker counts it (``draft_figures``; null before any)."""
     coord = coordinator_of(request)
-    model = coord.catalog.get(model_id).manifest.id
-    return {**coord.pool.slot(model).to_dict(),
-            "prompt_cache": coord.pool.prompt_cache.stats(model)}
+    model = coord.catalog.base_of(coord.catalog.get(model_id).manifest.id)
+    slot = coord.pool.slot(model)
+    status = {**slot.to_dict(), "prompt_cache": coord.pool.prompt_cache.stats(model)}
+    if slot.entry.manifest.draft:
+        report = await slot.backend.report() if slot.backend and slot.state == "ready" else {}
+        status["draft_figures"] = draft_figures(report.get("metrics") or {})
+    return status
 
 
 @router.delete("/api/v1/models/{model_id:path}/cache")

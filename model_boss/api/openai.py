@@ -99,8 +99,8 @@ def _seen(request: Request) -> list[CatalogEntry]:
 def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
     """A model as OpenAI's ``/v1/models`` lists it, with model-boss's own fields."""
     coord, m = coordinator_of(request), entry.manifest
-    slot = coord.pool.slots.get(m.id)
-    return {
+    slot = coord.pool.slots.get(m.base or m.id)  # an adapter: its base's
+    card = {
         "id": m.id, "object": "model", "created": int(coord.started_at),
         "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
         "backend": str(m.backend), "source": m.source, "available": entry.available,
@@ -109,6 +109,9 @@ def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
         "state": str(slot.state) if slot else str(SlotState.IDLE),
         "pinned": slot.pinned if slot else m.pin,
     }
+    if m.base:  # a LoRA adapter, served on its base's worker
+        card["base"] = m.base
+    return card
 
 
 async def serve_body(request: Request, endpoint: str, body: OpenAIRequest,

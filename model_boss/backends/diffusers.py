@@ -27,7 +27,8 @@ VIDEOS_ENDPOINT = "/v1/videos"
 VIDEO_HEADER = "x-model-boss-video"  # a clip's frames, fps, size, seed and timings (JSON)
 _BACKGROUND: set[asyncio.Task] = set()
 WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n",
-                 "image", "mask", "strength", "reference_images", "reference_strength")
+                 "image", "mask", "strength", "reference_images", "reference_strength",
+                 "adapter", "adapter_scale")
 VIDEO_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed",
                 "frames", "fps", "image")
 DEFAULT_SECONDS = 4.0  # a clip that names no length (OpenAI's default)
@@ -69,6 +70,8 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
         flags.append("--allow-cpu-vae" if m.allow_cpu_vae else "--no-allow-cpu-vae")
         if self.entry.ip_adapter is not None:
             flags += ["--ip-adapter", str(self.entry.ip_adapter)]
+        for adapter in self.entry.adapters:  # LoRAs, applied per request (catalog/adapters.py)
+            flags += ["--lora", f"{adapter.worker_name}={adapter.path}"]
         if m.offload == "balanced" and placement is not None and len(placement.gpus) > 1:
             # CUDA_VISIBLE_DEVICES renumbers the chosen GPUs from 0
             memory = {str(i): f"{mb}MiB" for i, mb in

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ModelNotFound, ModelUnavailable
+from .adapters import Adapter, adapter_manifest, adapters_of, on_base
 from .manifest import BackendKind, Category, ModelManifest
 from .pipelines import ip_adapter_path, makes_video, pipeline_class
 
@@ -16,10 +18,17 @@ class CatalogEntry:
     path: Path | None
     unavailable_reason: str | None = None
     ip_adapter: Path | None = None  # a diffusers model's IP-Adapter, for reference_images
+    adapter: Adapter | None = None  # a LoRA: served on its base's slot (catalog/adapters.py)
+    adapters: tuple[Adapter, ...] = ()  # a base's servable adapters, in its worker's order
 
     @property
     def available(self) -> bool:
         return self.unavailable_reason is None
+
+    def companions(self, models_dir: Path) -> list[Path]:
+        """The files that load with the model in its worker: its adapters, its draft."""
+        draft = [self.manifest.resolved_draft(models_dir)] if self.manifest.draft else []
+        return [adapter.path for adapter in self.adapters] + draft
 
 
 class Catalog:
@@ -33,9 +42,40 @@ class Catalog:
             entry = CatalogEntry(manifest, path, _unavailable_reason(manifest, path))
             if manifest.backend == BackendKind.DIFFUSERS and entry.available:
                 _diffusers_kind(entry, models_dir)
-            self._entries[manifest.id] = entry
-            for name in manifest.names:
-                self._names[name] = manifest.id
+            self._add(entry)
+            for spec, adapter, problem in adapters_of(manifest, path, entry.unavailable_reason,
+                                                      models_dir):
+                self._add(CatalogEntry(adapter_manifest(manifest, spec), path, problem,
+                                       entry.ip_adapter, adapter))
+                entry.adapters += () if problem else (adapter,)
+
+    def _add(self, entry: CatalogEntry) -> None:
+        self._entries[entry.manifest.id] = entry
+        for name in entry.manifest.names:
+            self._names[name] = entry.manifest.id
+
+    def base_of(self, name: str) -> str:
+        """The model whose slot serves ``name``: an adapter's base, else ``name``'s own id
+        (``name`` itself when unknown)."""
+        entry = self.find(name)
+        if entry is None:
+            return name
+        return entry.manifest.base or entry.manifest.id
+
+    def served_on(self, name: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The model whose slot serves ``name`` and the body its worker gets: an adapter's
+        base, with the adapter applied to this request (:func:`on_base`)."""
+        entry = self.find(name)
+        if entry is None:
+            return name, body
+        if entry.adapter is not None and not entry.available:  # its base could serve: it not
+            raise ModelUnavailable(f"The model '{entry.manifest.id}' is unavailable: "
+                                   f"{entry.unavailable_reason}", param="model")
+        base = self.find(entry.manifest.base) if entry.manifest.base else entry
+        if base is None or not base.adapters:
+            return base.manifest.id if base else name, body
+        return base.manifest.id, on_base(entry.adapter, base.adapters, entry.manifest.backend,
+                                         body)
 
     def adopt(self, other: Catalog) -> None:
         """Take ``other``'s models in one step (a reload): whoever holds this catalog sees the
@@ -65,7 +105,8 @@ class Catalog:
     def get_available(self, name: str) -> CatalogEntry:
         """The entry for ``name``; 404 when unknown, 503 with the reason when unservable."""
         entry = self.get(name)
-        entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path)
+        if entry.adapter is None:
+            entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path)
         if entry.unavailable_reason:
             raise ModelUnavailable(
                 f"The model '{entry.manifest.id}' is unavailable: {entry.unavailable_reason}",

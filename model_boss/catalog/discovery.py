@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .adapters import adapter_header, attach
 from .gguf_header import pooling_of, read_metadata
 from .manifest import BackendKind, Category, ModelManifest
 
@@ -206,10 +207,15 @@ def discover(models_dir: Path, default_ctx_size: int) -> list[ModelManifest]:
     """The manifests of every model under ``models_dir``."""
     pulls = read_pulls(models_dir)
     manifests = []
+    adapters = []  # LoRA files: served on their bases (catalog/adapters.py), not alone
     for found in scan(models_dir):
         try:
             relative = found.path.relative_to(models_dir).as_posix()
         except ValueError:
             relative = ""
+        header = adapter_header(found.path) if found.kind == "gguf" else None
+        if header is not None:
+            adapters.append((found.id, found.path, header))
+            continue
         manifests.append(describe(found, default_ctx_size, pulled=relative in pulls))
-    return manifests
+    return manifests + attach(manifests, adapters)

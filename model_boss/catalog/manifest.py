@@ -52,12 +52,27 @@ KV_CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 
                   "q4_1": 20 / 32, "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}
 
 
+MODEL_ID = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+
+
+class AdapterSpec(BaseModel):
+    """A LoRA adapter of a base model (``adapters:`` on the base's manifest): served as a
+    model of its own, ``id``, on the base's loaded worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, pattern=MODEL_ID)
+    path: str = Field(min_length=1)  # a LoRA GGUF (llama) or safetensors (diffusers)
+    scale: float = Field(default=1.0, ge=0, le=2)
+    aliases: list[str] = Field(default_factory=list)
+
+
 class ModelManifest(BaseModel):
     """What model-boss needs to serve one model. Worker arguments come only from here."""
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+    id: str = Field(min_length=1, pattern=MODEL_ID)
     aliases: list[str] = Field(default_factory=list)
     category: Category = Category.LLM
     backend: BackendKind = BackendKind.LLAMA_SERVER
@@ -118,7 +133,15 @@ class ModelManifest(BaseModel):
     command: list[str] = Field(default_factory=list)
     health_path: str = "/health"
     mmproj: str | None = None  # llama-server --mmproj: a vision projector GGUF
+    # LoRA adapters served on this model's worker, each under an id of its own
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    # llama.cpp: a draft model (same vocabulary, smaller) for speculative decoding
+    draft: str | None = None
+    draft_max: int | None = Field(default=None, ge=1, le=256)
+    draft_min: int | None = Field(default=None, ge=0, le=256)
+    draft_p_min: float | None = Field(default=None, ge=0, le=1)
     # filled in by the loader, never from YAML
+    base: str | None = Field(default=None, exclude=True)  # an adapter's base model id
     source_file: str | None = Field(default=None, exclude=True)
     source: Literal["manifest", "discovered", "pulled"] = Field(default="manifest",
                                                                 exclude=True)
@@ -167,6 +190,24 @@ class ModelManifest(BaseModel):
         path = Path(self.path).expanduser()
         return path if path.is_absolute() else (models_dir / path)
 
+    def resolved_draft(self, models_dir: Path) -> Path:
+        """The draft model's file: ``~`` expanded, relative paths under ``models_dir``."""
+        path = Path(self.draft or "").expanduser()
+        return path if path.is_absolute() else models_dir / path
+
+    @model_validator(mode="after")
+    def _companions(self) -> ModelManifest:
+        if self.draft and self.backend != BackendKind.LLAMA_SERVER:
+            raise ValueError("draft: only llama-server models take a draft model")
+        if self.adapters and self.backend not in (BackendKind.LLAMA_SERVER,
+                                                  BackendKind.DIFFUSERS):
+            raise ValueError("adapters: only llama-server and diffusers models take adapters")
+        names = [name for spec in self.adapters for name in (spec.id, *spec.aliases)]
+        clash = next((n for n in names if names.count(n) > 1 or n in self.names), None)
+        if clash is not None:
+            raise ValueError(f"adapters: the name '{clash}' is given twice")
+        return self
+
     @model_validator(mode="after")
     def _concurrency_within_parallel(self) -> ModelManifest:
         if self.max_concurrency is not None and self.max_concurrency > self.concurrency:
@@ -205,7 +246,7 @@ class ModelManifest(BaseModel):
         return [self.id, *self.aliases]
 
 
-INTERNAL_FIELDS = {"source_file", "source", "problem", "ctx_from", "ctx_note"}
+INTERNAL_FIELDS = {"source_file", "source", "problem", "ctx_from", "ctx_note", "base"}
 
 
 def _manifest_files(sources: list[Path]) -> list[Path]:

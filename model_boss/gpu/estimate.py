@@ -174,3 +174,15 @@ def estimate_vram(
         if rung is not None:
             return rung
     return VramEstimate(1024, "default", "nothing known; assumed 1 GB")
+
+
+def with_companions(estimate: VramEstimate, files: list[Path]) -> VramEstimate:
+    """``estimate`` plus what rides in the same worker: its LoRA adapters and its draft model
+    (their files' sizes: weights as they are on disk). A measured figure has them already,
+    and a manifest's ``vram_mb`` is the user's word for the whole."""
+    if estimate.rung in ("measured", "manifest") or not files:
+        return estimate
+    extra = sum(f.stat().st_size for f in files if f.is_file()) // (1024 * 1024)
+    return VramEstimate(estimate.mb + extra, estimate.rung,
+                        f"{estimate.detail}; + {extra} MB for {len(files)} adapter or draft "
+                        f"file{'s' * (len(files) != 1)}")

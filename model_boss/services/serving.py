@@ -116,8 +116,7 @@ async def _route(coord: Coordinator, body: dict[str, Any], ext: Extensions,
             raise
         name = body.get("model") or task_name
         raise ModelNotFound(f"The model '{name}' does not exist", param="model") from exc
-    if plan.task is not None:
-        # task params are defaults: the request's own values win, an explicit null does not
+    if plan.task is not None:  # defaults: the request's own values win, a null does not
         body = {**plan.task.params, **{k: v for k, v in body.items() if v is not None}}
     return plan, asker, body
 
@@ -162,8 +161,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
                               reason=refusal.message)
             continue
         manifest = coord.catalog.get(model_id).manifest
+        served_id, served_body = coord.catalog.served_on(model_id, body)  # an adapter: its base
         queued = QueuedRequest(
-            model_id=model_id, client_id=asker.client_id, endpoint=endpoint,
+            model_id=served_id, client_id=asker.client_id, endpoint=endpoint,
             budget_s=remaining, budget_given_s=budget_s, key=asker.key,
             end_user=asker.end_user, work=asked_work(endpoint, body), keep_alive_s=keep_alive,
             priority=effective_priority(settings, ext.priority, profile, task, manifest),
@@ -174,7 +174,7 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
         if ext.request_id:  # a job, or a stream that follows its place in the queue
             queued.request_id = ext.request_id
         try:
-            return await _serve_on(coord, queued, dict(body, model=model_id), ext,
+            return await _serve_on(coord, queued, dict(served_body, model=served_id), ext,
                                    disconnected, on_dispatch, adapter)
         except FALLBACK_ERRORS as exc:
             last_error = exc

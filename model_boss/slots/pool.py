@@ -18,7 +18,7 @@ from ..catalog import BackendKind, Catalog, CatalogEntry
 from ..errors import CapacityExceeded, LeaseUnavailable, LoadFailed
 from ..events import EventBus
 from ..gpu.boss import GPUBoss
-from ..gpu.estimate import VramEstimate, estimate_vram
+from ..gpu.estimate import VramEstimate, estimate_vram, with_companions
 from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
 from ..gpu.placement import LayerCosts, Placement
@@ -73,16 +73,15 @@ class ModelPool:
                                         settings.prompt_cache_min_tokens,
                                         settings.prompt_cache_save_s)
         self._tasks: set[asyncio.Task] = set()
-        # The ledger: VRAM a load has evicted for and not yet leased, kept from other plans.
-        self._claims: dict[str, dict[int, int]] = {}
+        self._claims: dict[str, dict[int, int]] = {}  # evicted for by a load, not leased yet
         self.on_change: Callable[[], None] = lambda: None
-        # look-ahead eviction: the queue tells which models its waiters need, in order
-        self.wanted: Callable[[], tuple[str, ...]] = tuple
+        self.wanted: Callable[[], tuple[str, ...]] = tuple  # the waiters' models, in order
         self.rates = RequestRates(settings.request_rate_horizon_s)
 
     # -- slots ----------------------------------------------------------------------------
 
     def owner(self, model_id: str) -> SlotOwner:
+        model_id = self.catalog.base_of(model_id)  # an adapter is served on its base's slot
         owner = self.owners.get(model_id)
         if owner is None:
             entry = self.catalog.get(model_id)
@@ -113,8 +112,9 @@ class ModelPool:
         return self.settings.stay_warm_for(str(manifest.category))
 
     def estimate(self, entry: CatalogEntry) -> VramEstimate:
-        return estimate_vram(entry.manifest, entry.path,
-                             measured_mb=self.learned.get(entry.manifest.id).vram_mb)
+        found = estimate_vram(entry.manifest, entry.path,
+                              measured_mb=self.learned.get(entry.manifest.id).vram_mb)
+        return with_companions(found, entry.companions(self.settings.models_path))
 
     def footprint_mb(self, slot: ModelSlot) -> int:
         if slot.measured_mb:

@@ -184,4 +184,7 @@ class ModelSlot:
             "loaded_at": self.loaded_at,
             "last_error": self.last_error,
             "ram_reserved_mb": self.ram_reserved_mb,
+            # LoRA adapters served on this worker, and its draft model
+            "adapters": [adapter.id for adapter in self.entry.adapters],
+            "draft": manifest.draft,
         }

@@ -12,7 +12,19 @@ import psutil
 METRICS = ("requests_processing", "requests_deferred", "prompt_tokens_total",
            "tokens_predicted_total", "prompt_tokens_seconds", "predicted_tokens_seconds",
            "n_tokens_max", "kv_cache_usage_ratio", "kv_cache_tokens",
-           "prompt_tokens_cached_total")
+           "prompt_tokens_cached_total", "spec_decode_num_drafts_total",
+           "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+
+
+def draft_figures(metrics: dict[str, float]) -> dict[str, Any] | None:
+    """A draft model's work as its server counts it: tokens drafted, tokens the model
+    accepted, and their ratio (None before anything was drafted)."""
+    drafted = metrics.get("spec_decode_num_draft_tokens_total")
+    if not drafted:
+        return None
+    accepted = metrics.get("spec_decode_num_accepted_tokens_total", 0.0)
+    return {"drafted_tokens": int(drafted), "accepted_tokens": int(accepted),
+            "acceptance_rate": round(accepted / drafted, 4)}
 
 
 async def _get(client: httpx.AsyncClient, path: str) -> httpx.Response | None:

@@ -211,13 +211,31 @@ class LlamaCppServerBackend(LlamaServerBackend):
             flags += ["--pooling", m.pooling]
         if m.reranking:
             flags.append("--reranking")
-        self._shelf = self.cache_shelf()
+        flags += self.companion_flags()
+        # with adapters, no prompt cache outlives a request: llama.cpp keys its caches by
+        # tokens alone, not by the adapters a request applied (catalog/adapters.py)
+        self._shelf = None if self.entry.adapters else self.cache_shelf()
         if self._shelf is not None:
             flags += ["--slot-save-path", str(self._shelf)]
-        cache_ram = m.cache_ram_mb if m.cache_ram_mb is not None \
+        cache_ram = 0 if self.entry.adapters else m.cache_ram_mb if m.cache_ram_mb is not None \
             else self.settings.llama_cache_ram_mb
         if cache_ram is not None:
             flags += ["--cache-ram", str(cache_ram)]
+        return flags
+
+    def companion_flags(self) -> list[str]:
+        """Its adapters, loaded and applied to no request unless it asks (llama.cpp's
+        per-request ``lora``, by their order here), and its draft model."""
+        m = self.manifest
+        flags = [flag for adapter in self.entry.adapters for flag in ("--lora", str(adapter.path))]
+        if flags:
+            flags.append("--lora-init-without-apply")
+        if m.draft:
+            flags += ["--model-draft", str(m.resolved_draft(self.settings.models_path))]
+            for flag, value in (("--draft-max", m.draft_max), ("--draft-min", m.draft_min),
+                                ("--draft-p-min", m.draft_p_min)):
+                if value is not None:
+                    flags += [flag, f"{value:g}"]
         return flags
 
     def template_flags(self) -> list[str]:

@@ -71,7 +71,9 @@ class MessagesAdapter:
         self.model_id = model_id
         body = self.worker_body(body, model_id)
         facts = self.facts
-        if speaks_anthropic(backend):
+        # llama.cpp's own /v1/messages takes no per-request ``lora``: a model with adapters
+        # (catalog/adapters.py) is asked through its chat route, which does
+        if speaks_anthropic(backend) and "lora" not in body:
             if endpoint == COUNT_TOKENS:
                 return WorkerCall(endpoint, body)
             return WorkerCall(endpoint, body,

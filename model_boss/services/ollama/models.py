@@ -53,7 +53,8 @@ def details(entry: CatalogEntry) -> dict[str, Any]:
     path = entry.path
     fmt = "gguf" if info else (path.suffix.lstrip(".") if path and path.suffix
                                else str(entry.manifest.backend))
-    return {"parent_model": "", "format": fmt, "family": family, "families": [family],
+    return {"parent_model": entry.manifest.base or "", "format": fmt, "family": family,
+            "families": [family],
             "parameter_size": parameter_size(info.parameter_count) if info else "",
             "quantization_level": quantization(info)}
 
@@ -80,7 +81,7 @@ def _stat(path: Path | None) -> tuple[int, float | None]:
 def tag(entry: CatalogEntry) -> dict[str, Any]:
     """One ``/api/tags`` row. ``name`` is the manifest's id; its aliases (Ollama tags such as
     ``smollm2:135m``) answer too and are listed in ``aliases``."""
-    size, mtime = _stat(entry.path)
+    size, mtime = _stat(entry.adapter.path if entry.adapter else entry.path)
     if mtime is None and entry.manifest.source_file:
         mtime = _stat(Path(entry.manifest.source_file))[1]
     m = entry.manifest
@@ -146,6 +147,8 @@ def show(entry: CatalogEntry) -> dict[str, Any]:
         capabilities.append("embedding")
     source = Path(m.path).name if m.path else m.backend
     template = Path(m.chat_template).name if m.chat_template else "(the model's own)"
+    if entry.adapter is not None:  # a LoRA on its base, as a Modelfile says one
+        source = f"{m.base}\nADAPTER {entry.adapter.path.name}"
     return {"modelfile": f"# model-boss manifest '{m.id}'\nFROM {source}\n"
                          f"PARAMETER {parameters}\n",
             "parameters": parameters, "template": template,
