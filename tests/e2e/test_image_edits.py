@@ -38,8 +38,13 @@ def adapter(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_sd, adapter, demo_gguf):
+    from tests.lora_diffusion_fixtures import shared_tiny_sd_lora
+
+    sketch = shared_tiny_sd_lora(tmp_path_factory, "sketch", 0)
     manifests = [{"id": "tiny-sd", "category": "diffusion", "backend": "diffusers",
-                  "path": str(tiny_sd), "vram_mb": 3000, "ip_adapter": str(adapter)},
+                  "path": str(tiny_sd), "vram_mb": 3000, "ip_adapter": str(adapter),
+                  "adapters": [{"id": "tiny-sd-sketch", "path": str(sketch)},
+                               {"id": "tiny-sd-faint", "path": str(sketch), "scale": 0.0}]},
                  {"id": "plain-sd", "category": "diffusion", "backend": "diffusers",
                   "path": str(tiny_sd), "vram_mb": 3000},
                  llama_manifest("smol", demo_gguf, vram_mb=3000)]
@@ -176,6 +181,33 @@ def test_references_steer_a_generation_and_an_edit(server):
     edited = edit(server, size="64x64", extra_body={"steps": 2, "seed": 1,
                                                     "reference_images": [reference]})
     assert pixels(edited.data[0].b64_json).shape == (64, 64, 3)
+
+
+def test_a_lora_is_a_model_of_its_own_on_the_pipelines_worker(server):
+    """``tiny-sd-sketch`` is the tiny pipeline with its LoRA for that request only: another
+    picture from the same seed, the base's own picture unchanged after it, an edit through it
+    too, and no second worker; at scale 0 it is the base."""
+    body = {"prompt": "a cat", "size": "64x64", "x_steps": 3, "x_seed": 11}
+
+    def made(model: str) -> np.ndarray:
+        answer = httpx.post(server.url + "/v1/images/generations", json={**body, "model": model},
+                            timeout=300)
+        assert answer.status_code == 200, answer.text
+        return pixels(answer.json()["data"][0]["b64_json"])
+
+    base = made("tiny-sd")
+    pid = next(s["pid"] for s in server.status()["slots"] if s["model"] == "tiny-sd")
+    sketched = made("tiny-sd-sketch")
+    assert np.abs(sketched - base).mean() > 2, np.abs(sketched - base).mean()
+    assert np.abs(made("tiny-sd") - base).mean() == 0  # nothing left on
+    assert np.abs(made("tiny-sd-faint") - base).mean() == 0
+    edited = client(server).images.edit(model="tiny-sd-sketch", prompt="x", size="64x64",
+                                        image=("in.png", png(picture()), "image/png"),
+                                        extra_body={"steps": 2})
+    assert pixels(edited.data[0].b64_json).shape == (64, 64, 3)
+    slots = [s for s in server.status()["slots"] if s["model"].startswith("tiny-sd")]
+    assert [(s["model"], s["pid"]) for s in slots] == [("tiny-sd", pid)]
+    assert slots[0]["adapters"] == ["tiny-sd-sketch", "tiny-sd-faint"]
 
 
 def test_automatic1111_routes(server):
