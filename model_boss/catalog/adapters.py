@@ -189,3 +189,33 @@ def attach(bases: list[ModelManifest], adapters: list[tuple[str, Path, dict[str,
                     f"manifest: adapters); its header names "
                     f"{header.get('general.base_model.0.name') or 'no base'}"))
     return unpaired
+
+
+VOCAB_SIZE_SLACK = 128  # llama.cpp's own bound on a draft's vocabulary size difference
+_TOKENIZER = ("tokenizer.ggml.model", "tokenizer.ggml.pre")
+
+
+def draft_problem(base: Path, draft: Path) -> str | None:
+    """Why ``draft`` cannot draft for ``base``, read from both headers before a load: no file,
+    another tokenizer (its kind and pre-tokenizer), or vocabularies whose sizes differ by more
+    than llama.cpp allows (which then compares the tokens themselves at load); None when it
+    can."""
+    if not draft.is_file():
+        return f"draft model not found: {draft}"
+    try:
+        ours = read_metadata(base, stop_at_vocabulary=False)
+        theirs = read_metadata(draft, stop_at_vocabulary=False)
+    except (OSError, ValueError) as exc:
+        return f"cannot read the draft's or the model's GGUF header: {exc}"
+
+    def said(meta: dict[str, Any]) -> tuple[Any, ...]:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        size = tokens if isinstance(tokens, int) else len(tokens or [])
+        return (*(meta.get(key) for key in _TOKENIZER), size)
+
+    mine, its = said(ours), said(theirs)
+    if mine[:2] != its[:2] or abs(mine[2] - its[2]) > VOCAB_SIZE_SLACK:
+        return (f"the draft {draft.name} does not share the vocabulary of {base.name} "
+                f"(tokenizer {its[0]}/{its[1]}, {its[2]} tokens against {mine[0]}/{mine[1]}, "
+                f"{mine[2]})")
+    return None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelNotFound, ModelUnavailable
-from .adapters import Adapter, adapter_manifest, adapters_of, on_base
+from .adapters import Adapter, adapter_manifest, adapters_of, draft_problem, on_base
 from .manifest import BackendKind, Category, ModelManifest
 from .pipelines import ip_adapter_path, makes_video, pipeline_class
 
@@ -20,6 +20,7 @@ class CatalogEntry:
     ip_adapter: Path | None = None  # a diffusers model's IP-Adapter, for reference_images
     adapter: Adapter | None = None  # a LoRA: served on its base's slot (catalog/adapters.py)
     adapters: tuple[Adapter, ...] = ()  # a base's servable adapters, in its worker's order
+    found_problem: str | None = None  # what its files say against it (a draft, a kind)
 
     @property
     def available(self) -> bool:
@@ -42,6 +43,9 @@ class Catalog:
             entry = CatalogEntry(manifest, path, _unavailable_reason(manifest, path))
             if manifest.backend == BackendKind.DIFFUSERS and entry.available:
                 _diffusers_kind(entry, models_dir)
+            if manifest.draft and entry.available and path is not None:
+                entry.found_problem = draft_problem(path, manifest.resolved_draft(models_dir))
+                entry.unavailable_reason = entry.found_problem
             self._add(entry)
             for spec, adapter, problem in adapters_of(manifest, path, entry.unavailable_reason,
                                                       models_dir):
@@ -106,7 +110,8 @@ class Catalog:
         """The entry for ``name``; 404 when unknown, 503 with the reason when unservable."""
         entry = self.get(name)
         if entry.adapter is None:
-            entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path)
+            entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path) \
+                or entry.found_problem
         if entry.unavailable_reason:
             raise ModelUnavailable(
                 f"The model '{entry.manifest.id}' is unavailable: {entry.unavailable_reason}",
@@ -124,8 +129,9 @@ def _diffusers_kind(entry: CatalogEntry, models_dir: Path) -> None:
     if folder is not None and makes_video(pipeline_class(folder)):
         manifest.category = Category.VIDEO
     elif manifest.category == Category.VIDEO:
-        entry.unavailable_reason = "category: video, but its model_index.json names no " \
-                                   "video pipeline"
+        entry.found_problem = "category: video, but its model_index.json names no video " \
+                              "pipeline"
+        entry.unavailable_reason = entry.found_problem
     entry.ip_adapter = ip_adapter_path(manifest, folder, models_dir)
 
 

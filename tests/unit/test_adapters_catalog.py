@@ -77,3 +77,30 @@ def test_an_adapter_with_no_base_here_is_listed_saying_so(tmp_path):
     assert "Llama 3" in unpaired[0].problem
     named = attach([base], [("smol.sql", tmp_path / "smol.sql.gguf", {})])
     assert named == [] and base.adapters[0].id == "smol.sql"
+
+
+def _vocab_gguf(path: Path, tokens: list[str], model: str = "gpt2") -> Path:
+    """A header-only GGUF with a tokenizer: what a draft's vocabulary check reads."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_a_draft_of_another_vocabulary_makes_its_model_unavailable(tmp_path, demo_gguf):
+    other = _vocab_gguf(tmp_path / "other.gguf", [f"t{i}" for i in range(300)])
+    ok = ModelManifest(id="fast", path=str(demo_gguf), draft=str(demo_gguf))
+    bad = ModelManifest(id="odd", path=str(demo_gguf), draft=str(other))
+    gone = ModelManifest(id="gone", path=str(demo_gguf), draft="nowhere.gguf")
+    catalog = Catalog([ok, bad, gone], tmp_path)
+    assert catalog.get("fast").available
+    reason = catalog.get("odd").unavailable_reason
+    assert "other.gguf" in reason and demo_gguf.name in reason and "vocabulary" in reason
+    with pytest.raises(ModelUnavailable, match="vocabulary"):
+        catalog.get_available("odd")  # a re-check keeps what the files said
+    assert "draft model not found" in catalog.get("gone").unavailable_reason
