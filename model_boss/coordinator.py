@@ -366,7 +366,7 @@ class Coordinator:
             {"id": e.manifest.id, "aliases": list(e.manifest.aliases),
              "category": str(e.manifest.category), "backend": str(e.manifest.backend),
              "source": e.manifest.source, **context_view(e.manifest),
-             "parallel": e.manifest.concurrency, "pin": e.manifest.pin,
+             "parallel": e.manifest.concurrency, "pin": e.manifest.pin, "base": e.manifest.base,
              "available": e.available, "unavailable_reason": e.unavailable_reason,
              "queued": queued.get(e.manifest.id, 0),
              "vram_estimate": estimates.get(e.manifest.id)}

@@ -85,7 +85,8 @@ def model_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
     models = {m["id"]: m for m in status.get("models", [])}
     rows = []
     for name in {*models, *slots}:
-        model, slot = models.get(name, {"id": name}), slots.get(name)
+        model = models.get(name, {"id": name})
+        slot = slots.get(model.get("base") or name)  # an adapter runs on its base's worker
         state = slot["state"] if slot else "idle"
         if not model.get("available", True) and state == "idle":
             state = "unavailable"
@@ -169,5 +170,9 @@ def render_ps(status: dict[str, Any], now: float) -> str:
         lines.append("contexts lowered to fit: " + "; ".join(lowered))
     if kept:
         lines.append("prompt caches: " + "; ".join(kept))
+    on_base = [f"{s['model']} ({', '.join(s['adapters'])})" for s in status["slots"]
+               if s.get("adapters")]
+    if on_base:
+        lines.append("adapters on their base's worker: " + "; ".join(on_base))
     lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}")
     return "\n".join(lines)

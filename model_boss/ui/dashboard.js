@@ -470,7 +470,7 @@ function modelRows() {
   const queued = new Map();
   for (const w of state.queue || []) queued.set(w.model, (queued.get(w.model) || 0) + 1);
   return s.models.map((m) => {
-    const slot = slots.get(m.id) || null;
+    const slot = slots.get(m.base || m.id) || null;  // an adapter runs on its base's worker
     return {...m, slot, queuedNow: m.queued ?? queued.get(m.id) ?? 0};
   });
 }
@@ -539,6 +539,10 @@ function modelCard(m) {
     progressView(m),
     h("dl", {class: "facts"},
       m.aliases?.length ? [h("dt", {}, "Aliases"), h("dd", {}, m.aliases.join(", "))] : null,
+      m.base ? [h("dt", {}, "Adapter on"), h("dd", {class: "base"}, m.base)] : null,
+      slot?.adapters?.length && !m.base ? [h("dt", {}, "Adapters"),
+        h("dd", {class: "adapters"}, slot.adapters.join(", "))] : null,
+      slot?.draft && !m.base ? [h("dt", {}, "Draft"), h("dd", {class: "draft"}, slot.draft.split("/").pop())] : null,
       m.source ? [h("dt", {}, "Source"), h("dd", {class: "source"}, m.source)] : null,
       h("dt", {}, "Kind"), h("dd", {}, [m.category || slot?.category, m.backend || slot?.backend].filter(Boolean).join(" · ") || "—"),
       h("dt", {}, "Placement"), h("dd", {class: "placement"}, placementText(slot)),

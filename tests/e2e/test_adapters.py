@@ -171,3 +171,24 @@ def test_an_adapter_file_in_the_models_folder_is_found_with_its_base(make_server
     assert listed["by-header"]["base"] == "smol"
     assert listed["smol"].get("base") is None and listed["smol"]["available"]
     assert answer(srv, "poet") != answer(srv, "smol")
+
+
+def test_the_dashboard_shows_the_adapters_on_their_base(server):
+    """The base's card lists its adapters; each adapter's card says which model it runs on
+    and shows that worker's state."""
+    from tests.e2e.chromium import playwright_and_chromium
+
+    sync_api, chromium = playwright_and_chromium()
+    answer(server, "smol-sql")  # the base is loaded
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/ui/")
+            base = page.locator("article.model[data-model='smol']")
+            sync_api.expect(base.locator("dd.adapters")).to_have_text("smol-sql, smol-poet")
+            adapter = page.locator("article.model[data-model='smol-sql']")
+            sync_api.expect(adapter.locator("dd.base")).to_have_text("smol")
+            sync_api.expect(adapter).to_have_attribute("data-state", "ready")
+        finally:
+            browser.close()

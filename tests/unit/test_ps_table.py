@@ -78,3 +78,15 @@ def test_ps_says_what_free_leaves_out():
     # no note where FREE is all of CAPACITY - LEASED (no reserve)
     text = render_ps(_status(free_mb=7887, reserve_mb=0), NOW)
     assert "FREE =" not in text
+
+
+def test_adapters_show_on_their_bases_worker():
+    status = _status()
+    status["slots"][0]["adapters"] = ["sql", "poet"]
+    status["models"] += [{"id": "sql", "base": "loaded-a", "available": True},
+                         {"id": "poet", "base": "loaded-a", "available": True}]
+    text = render_ps(status, NOW)
+    rows = _models(text)
+    assert rows["sql"][0] == rows["poet"][0] == "ready"  # as their base's worker is
+    assert rows["sql"][5].split()[0] == rows["loaded-a"][5].split()[0] == "42"  # one process
+    assert "adapters on their base's worker: loaded-a (sql, poet)" in text
