@@ -12,9 +12,11 @@ details scrubbed, to tests/data/agents/ (claude_code_first.json;
 responses/codex_first.json), the bodies the API tests replay.
 
 Slow by nature: Claude Code's first prompt is about 4,200 of this model's tokens and Codex's
-about 4,400 (its template leaves the tool schemas out), prefilled on the CPU, and the answers
-come at a token or two a second on two busy cores: 893 s for Claude Code, 367 s and 102 s for
-Codex's two runs (the second reads its prefix from llama.cpp's prompt cache)."""
+about 4,400 (its template leaves the tool schemas out), prefilled on the CPU. The model is
+served greedy (its manifest's ``--temp 0``, a server default: the agents get no flag of
+ours), so each run takes the same path: Claude Code answers in one request (102 s alone on
+this box); sampled, a run sometimes wandered into tool calls until its prompt passed the
+trained 8k context, and took half an hour on two busy cores."""
 
 from __future__ import annotations
 
