@@ -27,9 +27,11 @@ class CatalogEntry:
         return self.unavailable_reason is None
 
     def companions(self, models_dir: Path) -> list[Path]:
-        """The files that load with the model in its worker: its adapters, its draft."""
+        """The files that load with the model in its worker: its adapters, its draft, its
+        IP-Adapter (weights and image encoder)."""
         draft = [self.manifest.resolved_draft(models_dir)] if self.manifest.draft else []
-        return [adapter.path for adapter in self.adapters] + draft
+        ip = [self.ip_adapter] if self.ip_adapter is not None else []
+        return [adapter.path for adapter in self.adapters] + draft + ip
 
 
 class Catalog:

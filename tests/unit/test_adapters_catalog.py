@@ -104,3 +104,18 @@ def test_a_draft_of_another_vocabulary_makes_its_model_unavailable(tmp_path, dem
     with pytest.raises(ModelUnavailable, match="vocabulary"):
         catalog.get_available("odd")  # a re-check keeps what the files said
     assert "draft model not found" in catalog.get("gone").unavailable_reason
+
+
+def test_what_rides_in_a_worker_counts_in_its_estimate(tmp_path):
+    from model_boss.gpu.estimate import VramEstimate, with_companions
+
+    lora = tmp_path / "a.gguf"
+    lora.write_bytes(b"\0" * (3 * 1024 * 1024))
+    encoder = tmp_path / "ip_adapter" / "image_encoder"
+    encoder.mkdir(parents=True)
+    (encoder / "model.safetensors").write_bytes(b"\0" * (2 * 1024 * 1024))
+    (tmp_path / "ip_adapter" / "ip-adapter.safetensors").write_bytes(b"\0" * (1024 * 1024))
+    grown = with_companions(VramEstimate(100, "file"), [lora, tmp_path / "ip_adapter"])
+    assert grown.mb == 106 and "2 adapter, draft or encoder files" in grown.detail
+    kept = VramEstimate(100, "measured")  # measured with them loaded: as it is
+    assert with_companions(kept, [lora]) is kept
