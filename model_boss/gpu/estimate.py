@@ -178,12 +178,13 @@ def estimate_vram(
 
 def with_companions(estimate: VramEstimate, files: list[Path]) -> VramEstimate:
     """``estimate`` plus what rides in the same worker: its LoRA adapters, its draft model, a
-    pipeline's IP-Adapter and image encoder (their files' sizes: weights as on disk). A measured figure has them already,
-    and a manifest's ``vram_mb`` is the user's word for the whole."""
+    pipeline's IP-Adapter and image encoder (their files' sizes: weights as on disk). A
+    measured figure has them already, and a manifest's ``vram_mb`` is the user's word for
+    the whole."""
     if estimate.rung in ("measured", "manifest") or not files:
         return estimate
     extra = sum(sum(p.stat().st_size for p in f.rglob("*") if p.is_file()) if f.is_dir()
                 else f.stat().st_size for f in files if f.exists()) // (1024 * 1024)
     return VramEstimate(estimate.mb + extra, estimate.rung,
-                        f"{estimate.detail}; + {extra} MB for {len(files)} adapter, draft or encoder "
-                        f"file{'s' * (len(files) != 1)}")
+                        f"{estimate.detail}; + {extra} MB for {len(files)} adapter, draft or "
+                        f"encoder file{'s' * (len(files) != 1)}")
