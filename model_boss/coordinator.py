@@ -33,9 +33,9 @@ from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
 from .scheduling.waiting import queue_status
 from .settings import PreloadEntry, Settings
+from .slots import SlotState, model_loads
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
-from .slots.slot import SlotState
 from .usage import Spent, UsageLedger, UsageRow
 
 log = logging.getLogger(__name__)
@@ -317,11 +317,11 @@ class Coordinator:
             m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
         for slot in self.pool.slots.values():
             for state in SlotState:
-                m.slot_state.labels(slot.model_id, str(state)).set(
-                    1 if slot.state == state else 0)
+                m.slot_state.labels(slot.model_id, str(state)).set(int(slot.state == state))
             m.model_max_concurrency.labels(slot.model_id).set(
                 slot.entry.manifest.running_limit)
             m.model_running.labels(slot.model_id).set(slot.active)
+        m.gateway.update(await model_loads(self.pool.slots, self.queue.backlog.by_model()))
 
     @property
     def exposure_warning(self) -> str | None:

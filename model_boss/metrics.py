@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
 
+from .gateway import GatewayCollector
+
 if TYPE_CHECKING:
     from .usage.row import UsageRow
 
@@ -73,6 +75,9 @@ class Metrics:
         self.usage_audio_seconds = Counter("model_boss_usage_audio_seconds_total",
                                            "Seconds of audio heard (transcriptions), by key",
                                            ["key", "model"], registry=self.registry)
+        # the model server protocol's gauges, per model, for an inference gateway's picker
+        self.gateway = GatewayCollector()
+        self.registry.register(self.gateway)
 
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(model, endpoint, str(status)).inc()

@@ -87,6 +87,9 @@ class InferenceBackend(Protocol):
 
     async def report(self) -> dict[str, Any]: ...
 
+    async def kv_cache_usage(self) -> float | None:
+        """The worker's KV-cache use (0 to 1), None where it does not count it."""
+
 
 class HttpWorkerBackend:
     """A worker that is a local HTTP server we spawn: start, health-poll, proxy, stop.
@@ -304,6 +307,9 @@ class HttpWorkerBackend:
 
     async def report(self) -> dict[str, Any]:
         return {}
+
+    async def kv_cache_usage(self) -> float | None:
+        return None  # only llama.cpp's server counts it (backends/llama)
 
     async def control(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """A POST to the worker's own control routes (offload, onload, cancel), errors mapped."""

@@ -117,3 +117,7 @@ class CloudBackend:
     async def report(self) -> dict[str, Any]:
         """No measured VRAM or worker state to report."""
         return {}
+
+    async def kv_cache_usage(self) -> float | None:
+        """A remote's cache is not seen from here."""
+        return None

@@ -40,6 +40,7 @@ class FakeBackend:
         self.pid = 4242
         self.stopped = False
         self.alive = True
+        self.kv_cache: float | None = None
 
     async def start(self, port, placement) -> None:
         self.log.append(("start", self.entry.manifest.id))
@@ -89,6 +90,9 @@ class FakeBackend:
 
     async def report(self):
         return {}
+
+    async def kv_cache_usage(self) -> float | None:
+        return self.kv_cache  # what a test sets; None: a worker that does not count it
 
 
 def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None = None,

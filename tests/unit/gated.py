@@ -92,6 +92,9 @@ class GatedBackend:
     async def report(self) -> dict[str, Any]:
         return {}
 
+    async def kv_cache_usage(self) -> float | None:
+        return None
+
     def die(self) -> None:
         self.alive = False
 

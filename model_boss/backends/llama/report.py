@@ -51,6 +51,18 @@ def parse_metrics(text: str) -> dict[str, float]:
     return found
 
 
+async def kv_cache_ratio(client: httpx.AsyncClient) -> float | None:
+    """The server's KV-cache use (0 to 1); None when it does not answer or count it. A
+    short timeout: a gateway's picker scrapes often, and a busy server is left out."""
+    try:
+        response = await client.get("/metrics", timeout=1.0)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_metrics(response.text).get("kv_cache_usage_ratio")
+
+
 def rss_mb(pid: int | None) -> int | None:
     if pid is None:
         return None

@@ -29,7 +29,7 @@ from .chat_templates import as_chat, completion_request
 from .collect import as_stream, collectable, gather
 from .fingerprint import rewrite, rewrite_stream
 from .prompt_cache import PromptCache
-from .report import parse_metrics, server_report
+from .report import kv_cache_ratio, parse_metrics, server_report
 
 ALL_LAYERS = 999  # "every layer" in a form every llama-server version takes
 MODEL_SIDE_TEMPLATES = ("alpaca", "raw")  # rendered here: llama.cpp has no such template
@@ -81,6 +81,13 @@ class LlamaServerBackend(HttpWorkerBackend):
         if self._client is None:
             return {}
         return await server_report(self._client, self.pid)
+
+    async def kv_cache_usage(self) -> float | None:
+        """``llamacpp:kv_cache_usage_ratio`` from the server's ``/metrics`` (one short GET; a
+        ``llama-cpp-python`` worker, or a build without it, has none)."""
+        if self._client is None:
+            return None
+        return await kv_cache_ratio(self._client)
 
 
 class LlamaCppServerBackend(LlamaServerBackend):
