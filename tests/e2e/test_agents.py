@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,11 +92,22 @@ def recorder(server: ServerProcess) -> Iterator[Recorder]:
         yield proxy
 
 
+# The agents' HOME and project folder, at the same paths on every machine: the agents write
+# their folder into their prompt, and a 135M model's greedy answer turns on such details (in
+# one checkout it answered at once, in another it called tools until the prompt outgrew the
+# context); with the same paths, today's prompt is the same wherever the suite runs
+PLACES = Path(tempfile.gettempdir()) / "model-boss-agents"
+
+
 @pytest.fixture(scope="module")
-def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The agents' HOME and the project folder they work in (empty, no git)."""
-    return {"home": tmp_path_factory.mktemp("agent-home"),
-            "work": tmp_path_factory.mktemp("agent-work")}
+def places() -> Iterator[dict[str, Path]]:
+    """The agents' HOME and the project folder they work in (empty, no git), made afresh."""
+    shutil.rmtree(PLACES, ignore_errors=True)
+    found = {"home": PLACES / "home", "work": PLACES / "project"}
+    for folder in found.values():
+        folder.mkdir(parents=True)
+    yield found
+    shutil.rmtree(PLACES, ignore_errors=True)
 
 
 def launch(agent: str, recorder: Recorder, places: dict[str, Path],
