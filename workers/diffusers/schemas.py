@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 # ids the coordinator (or any caller) picks to name a generation, e.g. its own request id
 RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -14,15 +14,32 @@ ReferenceImage = Annotated[str, Field(min_length=1, max_length=20_000_000)]
 AdapterName = Annotated[str, Field(min_length=1, max_length=128)]
 
 
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+def _multiple_of_8(value: int) -> int:
+    if value % 8:
+        raise ValueError("must be a multiple of 8")
+    return value
+
+
+# what a picture's or a clip's request says: a prompt with words in it, sides the VAEs take
+Prompt = Annotated[str, Field(min_length=1, max_length=32000), AfterValidator(_not_blank)]
+Side = Annotated[int, AfterValidator(_multiple_of_8)]
+
+
 class GenerateRequest(BaseModel):
     """The body of ``POST /generate``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=32000)
+    prompt: Prompt
     negative_prompt: str | None = None
-    width: int = Field(default=512, ge=64, le=4096)
-    height: int = Field(default=512, ge=64, le=4096)
+    width: Side = Field(default=512, ge=64, le=4096)
+    height: Side = Field(default=512, ge=64, le=4096)
     steps: int = Field(default=20, ge=1, le=200)
     guidance: float = Field(default=7.0, ge=0, le=50)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
@@ -42,25 +59,11 @@ class GenerateRequest(BaseModel):
     adapter: AdapterName | None = None
     adapter_scale: float = Field(default=1.0, ge=0, le=2)
 
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value
-
     @model_validator(mode="after")
     def _mask_needs_image(self) -> GenerateRequest:
         if self.mask is not None and self.image is None:
             raise ValueError("mask: a mask needs the image it masks ('image')")
         return self
-
-    @field_validator("width", "height")
-    @classmethod
-    def _multiple_of_8(cls, value: int) -> int:
-        if value % 8:
-            raise ValueError("must be a multiple of 8")
-        return value
 
 
 class CancelRequest(BaseModel):

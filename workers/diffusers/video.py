@@ -22,7 +22,7 @@ import os
 import time
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..tickets import Ticket
 from .errors import CudaOutOfMemory, InvalidRequest, UnsupportedEndpoint
@@ -41,7 +41,7 @@ from .media import (
     video_codec,
 )
 from .memory import Offload
-from .schemas import AdapterName, RequestId
+from .schemas import AdapterName, Prompt, RequestId, Side
 
 __all__ = ["VideoGenerator", "VideoPlan", "VideoRequest", "is_video_pipeline",
            "pipeline_kind", "plan_video", "require_kind", "size_multiple", "takes_image",
@@ -63,10 +63,10 @@ class VideoRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=32000)
+    prompt: Prompt
     negative_prompt: str | None = None
-    width: int = Field(default=832, ge=16, le=4096)  # Wan's 480p, landscape
-    height: int = Field(default=480, ge=16, le=4096)
+    width: Side = Field(default=832, ge=16, le=4096)  # Wan's 480p, landscape
+    height: Side = Field(default=480, ge=16, le=4096)
     frames: int = Field(default=33, ge=1, le=1024)  # rounded up to the pipeline's rule
     fps: int = Field(default=16, ge=1, le=60)
     steps: int = Field(default=30, ge=1, le=200)
@@ -76,20 +76,6 @@ class VideoRequest(BaseModel):
     request_id: RequestId | None = None  # names this video for POST /cancel
     adapter: AdapterName | None = None  # a LoRA the worker loaded (--lora), for this video
     adapter_scale: float = Field(default=1.0, ge=0, le=2)
-
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value
-
-    @field_validator("width", "height")
-    @classmethod
-    def _multiple_of_8(cls, value: int) -> int:
-        if value % 8:
-            raise ValueError("must be a multiple of 8")
-        return value
 
 
 class VideoPlan(NamedTuple):
