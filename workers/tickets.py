@@ -36,8 +36,11 @@ class Ticket:
     refusal: Callable[[str], Exception] = field(repr=False)  # the error ``check`` raises
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_cancel: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    cancelled_at: float | None = field(default=None, repr=False)  # monotonic, first cancel
 
     def cancel(self) -> None:
+        if self.cancelled_at is None:
+            self.cancelled_at = time.monotonic()
         self._cancelled.set()
         for callback in self._on_cancel:
             callback()
@@ -85,6 +88,7 @@ class TicketBook:
         self._lock = threading.Lock()
         self.cancelled = 0  # requests a cancel stopped (``close(..., stopped=True)``)
         self.last_cancelled: str | None = None
+        self.last_stop_ms: float | None = None  # from its cancel to its stop, the last one
 
     def cancelled_error(self, request_id: str) -> Exception:
         """What ``Ticket.check`` raises once the request is cancelled."""
@@ -118,11 +122,16 @@ class TicketBook:
                 self._closed[ticket.request_id] = None
                 while len(self._closed) > self._remember_max:
                     self._closed.popitem(last=False)
+            stop_ms = None
             if stopped:
                 self.cancelled += 1
                 self.last_cancelled = ticket.request_id
+                if ticket.cancelled_at is not None:
+                    stop_ms = round((time.monotonic() - ticket.cancelled_at) * 1000, 1)
+                self.last_stop_ms = stop_ms
         if stopped:
-            log.info("request %s cancelled", ticket.request_id)
+            log.info("request %s cancelled (stopped %s ms after its cancel came)",
+                     ticket.request_id, stop_ms)
 
     def cancel(self, request_id: str) -> CancelOutcome:
         """Cancel one request by id, admitted or not yet."""

@@ -524,7 +524,7 @@ def test_a_long_transcription_its_client_leaves_stops_on_the_worker(server, clie
                 server.url + "/v1/audio/transcriptions", data={"model": "ears"},
                 files={"file": ("long.flac", clip)}))
             await asyncio.to_thread(wait_for, lambda: worker_health(ears)["running"], 30)
-            await asyncio.sleep(1.5)  # decoded; a few chunks in
+            await asyncio.sleep(1.5)  # decoding it, or a few chunks in: either stops
             assert not asking.done()
             asking.cancel()  # the connection is closed: the client has gone
             with contextlib.suppress(asyncio.CancelledError):

@@ -187,3 +187,39 @@ async def _health(app: Any) -> tuple[list[str], int]:
     async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
         health = (await client.get("/health")).json()
     return health["running"], health["cancelled"]
+
+
+def test_decoding_a_long_upload_stops_at_the_next_frame_once_cancelled():
+    """Decoding half an hour of audio is seconds of work: a cancel that comes while it runs
+    stops it at the next frame, not after the whole file (and its stop time is recorded)."""
+    import io
+
+    import av
+
+    from workers.transformers.audio import decode
+
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="flac") as file:
+        stream = file.add_stream("flac", rate=16000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 16000 * 60), dtype=np.int16),
+                                           format="s16", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            file.mux(packet)
+    book = Tickets()
+    ticket = book.open("long")
+    frames = 0
+
+    def check() -> None:
+        nonlocal frames
+        frames += 1
+        if frames == 3:
+            book.cancel("long")
+        ticket.check()
+
+    with pytest.raises(Cancelled):
+        decode(out.getvalue(), 16000, check)
+    assert frames == 3  # of some 230 frames in a minute of FLAC
+    book.close(ticket, stopped=True)
+    assert book.last_stop_ms is not None and book.last_stop_ms >= 0
+    assert decode(out.getvalue(), 16000).size == 16000 * 60  # no check: the whole file

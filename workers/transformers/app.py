@@ -181,7 +181,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     async def health() -> JSONResponse:
         body = {**engine.report(), "batches": batcher.batches, "largest_batch": batcher.largest,
                 "running": tickets.running(), "cancelled": tickets.cancelled,
-                "last_cancelled": tickets.last_cancelled}
+                "last_cancelled": tickets.last_cancelled,
+                "last_stop_ms": tickets.last_stop_ms}
         ok = engine.state in ("ready", "offloaded")
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -257,7 +258,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                               "timestamps only", "invalid_value", "timestamp_granularities")
         with admitted(body.request_id) as ticket:
             try:
-                samples = await asyncio.to_thread(decode, data, engine.rate)
+                samples = await asyncio.to_thread(decode, data, engine.rate, ticket.check)
             except AudioError as exc:
                 raise WorkerError(400, f"file: {exc}", "invalid_audio", "file") from None
             ticket.check()

@@ -9,6 +9,7 @@ streamed (mp3, opus, aac, pcm) and whole where its header is written last (wav, 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +30,10 @@ class AudioError(ValueError):
     """The upload is not audio FFmpeg can read, or holds no sound."""
 
 
-def decode(data: bytes, rate: int) -> np.ndarray:
-    """Mono float32 samples at ``rate`` Hz from an encoded file's bytes."""
+def decode(data: bytes, rate: int, check: Callable[[], None] | None = None) -> np.ndarray:
+    """Mono float32 samples at ``rate`` Hz from an encoded file's bytes. ``check`` is called
+    between frames and may raise to stop (a long upload's decoding is seconds of work; a
+    cancelled request does not finish it)."""
     import av
 
     if not data:
@@ -42,6 +45,8 @@ def decode(data: bytes, rate: int) -> np.ndarray:
                 raise AudioError("the file has no audio stream")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
             for frame in container.decode(audio=0):
+                if check is not None:
+                    check()
                 for out in resampler.resample(frame):
                     pieces.append(out.to_ndarray().reshape(-1))
             for out in resampler.resample(None):
