@@ -81,7 +81,7 @@ def size(model: dict[str, Any], slot: dict[str, Any] | None) -> str:
 def model_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
     """Every catalog model (``status["models"]``), with its slot where it has one; a slot
     whose model left the catalog still shows while it runs. Loaded first, then by name."""
-    slots = {s["model"]: s for s in status.get("slots", [])}
+    slots = {s.get("key", s["model"]): s for s in status.get("slots", [])}  # replicas: id#n
     models = {m["id"]: m for m in status.get("models", [])}
     rows = []
     for name in {*models, *slots}:

@@ -161,6 +161,12 @@ class Settings(BaseSettings):
     fair_share: bool = True
     fair_share_turn_s: float = Field(default=2.0, gt=0)  # due-time cost of one turn
     request_rate_horizon_s: float = Field(default=120.0, gt=0)
+    # replicas (docs/SCHEDULING.md): a model whose first waiter waited this long gets one more
+    # where a GPU has room; a request goes to the replica holding its prompt's prefix unless
+    # that one runs more than replica_load_slack requests beyond the least loaded one
+    replica_scale_wait_s: float = Field(default=2.0, ge=0)
+    replica_load_slack: int = Field(default=2, ge=0)
+    replica_routing: Literal["cache", "least_loaded", "round_robin"] = "cache"
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # an upload: audio to transcribe (OpenAI's limit: 25 MB), pictures to edit, a video's
     # reference; a picture's sides at most max_image_side; finished videos kept in videos_mb
@@ -249,14 +255,11 @@ class Settings(BaseSettings):
         return value
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings],
+                                   init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   **_others: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlFileSource(settings_cls))
 
     @model_validator(mode="after")
@@ -313,7 +316,6 @@ class Settings(BaseSettings):
 
     def stay_warm_for(self, category: str) -> float:
         return self.stay_warm_s.get(category, DEFAULT_STAY_WARM_S.get(category, 300.0))
-
     @property
     def state_path(self) -> Path:
         return self.state_dir.expanduser()
@@ -330,8 +332,8 @@ class Settings(BaseSettings):
 class _YamlFileSource(PydanticBaseSettingsSource):
     """Reads the YAML file named by :func:`load_settings`; resolves its relative paths."""
 
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+    def get_field_value(self, field: Any, name: str) -> tuple[Any, str, bool]:  # unused
+        return None, name, False
 
     def __call__(self) -> dict[str, Any]:
         path = _CONFIG_FILE.get()
@@ -343,8 +345,7 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             if isinstance(data.get(key), str):
                 data[key] = _relative_to(base, data[key])
         manifests = data.get("manifests")
-        if isinstance(manifests, str):
-            manifests = [manifests]
+        manifests = [manifests] if isinstance(manifests, str) else manifests
         if isinstance(manifests, list):
             data["manifests"] = [_relative_to(base, m) if isinstance(m, str) else m
                                  for m in manifests]
@@ -366,8 +367,7 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -61,11 +61,15 @@ async def queue(request: Request,
 async def models(request: Request) -> dict[str, Any]:
     """Every manifest with its slot as it is now (state, tier, lease, placement, requests)."""
     coord = coordinator_of(request)
-    slots = {slot["model"]: slot for slot in coord.pool.status()}
+    slots = {slot["key"]: slot for slot in coord.pool.status()}
+    replicas: dict[str, list[dict[str, Any]]] = {}
+    for slot in slots.values():  # a model's copies, the first first (docs/SCHEDULING.md)
+        replicas.setdefault(slot["model"], []).append(slot)
     return {"models": [
         {"id": e.manifest.id, "aliases": list(e.manifest.aliases), "source": e.manifest.source,
          "path": str(e.path) if e.path else None, "available": e.available,
-         "unavailable_reason": e.unavailable_reason, "slot": slots.get(e.manifest.id)}
+         "unavailable_reason": e.unavailable_reason, "slot": slots.get(e.manifest.id),
+         "replicas": sorted(replicas.get(e.manifest.id, []), key=lambda s: s["replica"])}
         for e in coord.catalog]}
 
 

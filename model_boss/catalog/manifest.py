@@ -67,6 +67,29 @@ class AdapterSpec(BaseModel):
     aliases: list[str] = Field(default_factory=list)
 
 
+class ReplicaRange(BaseModel):
+    """How many copies of a model may run (``replicas:`` on a manifest; a number n is
+    ``{min: 1, max: n}``): ``min`` start as soon as it is wanted, more up to ``max`` while its
+    requests wait and another GPU has room (docs/SCHEDULING.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: int = Field(default=1, ge=1, le=64)
+    max: int = Field(default=1, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_number_is_a_maximum(cls, value: Any) -> Any:
+        return {"max": value} if isinstance(value, int) and not isinstance(value, bool) \
+            else value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaRange:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
+        return self
+
+
 class ModelManifest(BaseModel):
     """What model-boss needs to serve one model. Worker arguments come only from here."""
 
@@ -96,6 +119,7 @@ class ModelManifest(BaseModel):
     # requests running at once (at most ``parallel``; the rest wait) and waiting (beyond: 429)
     max_concurrency: int | None = Field(default=None, ge=1)
     max_queued: int | None = Field(default=None, ge=0)
+    replicas: ReplicaRange = Field(default_factory=ReplicaRange)
     flash_attn: bool | Literal["auto", "on", "off"] = "auto"
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"

@@ -41,6 +41,9 @@ class RequestRing(RequestLog):
                     "endpoint": extra.get("endpoint")}
         if extra.get("end_user"):  # the client id a key's request named under the key
             row["end_user"] = extra["end_user"]
+        if extra.get("replica") is not None:  # its model runs as replicas: which, and why
+            row.update(replica=extra["replica"], route=extra.get("route"),
+                       cached_prefix_tokens=extra.get("cached_prefix_tokens"))
         if extra.get("prompt") is not None:  # captured: the setting is on
             row["prompt"] = extra["prompt"]
         self._rows.append(row)

@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import RateLimited
+from .states import SlotState
+
+if TYPE_CHECKING:
+    from ..events import EventBus
+    from ..settings import Settings
+    from .request import Arrivals, Backlog, QueuedRequest
+    from .requestors import RequestorRegistry
+    from .seams import SlotBoard
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +59,76 @@ def admit(budget_s: float | None, prediction: Prediction,
         + (f"the budget of {budget_s:g}s" if given_s is None or given_s == budget_s else
            f"the {max(0.0, budget_s):.2f}s left of the budget of {given_s:g}s"),
         retry_after_s=max(1.0, prediction.wait_s + prediction.load_s))
+
+
+class Admission:
+    """The queue's checks on the way in (:class:`~.queue.InferenceQueue` is one): what a
+    request is predicted to take, and the 429s of full queues."""
+
+    pool: SlotBoard
+    settings: Settings
+    events: EventBus
+    requestors: RequestorRegistry
+    arrivals: Arrivals
+    _pending: Backlog
+
+    def predict(self, request: QueuedRequest) -> Prediction:
+        """Expected wait + load + inference for ``request`` if it were queued now."""
+        slot = self.pool.slots.get(request.model_id)
+        learned = self.pool.learned
+        warm = slot is not None and slot.state == SlotState.READY
+        # every waiting request came earlier: those ahead are the ones of its priority or a
+        # more important one
+        ahead = (slot.active if slot else 0) + self._pending.of_model(request.model_id,
+                                                                      request.priority)
+        size = 0
+        if not warm:
+            entry = self.pool.catalog.find(request.model_id)
+            size = self.pool.estimate(entry).mb if entry else 0
+        return predict(warm=warm, loading=self.pool.is_loading(request.model_id),
+                       ahead=ahead, parallel=slot.parallel if slot else 1,
+                       load_s=learned.predicted_load_s(request.model_id, size),
+                       infer_s=learned.predicted_infer_s(request.model_id))
+
+    def _check_limits(self, request: QueuedRequest) -> None:
+        """Refuse with 429 when the queue, the client's share of it or the model's is full."""
+        client_limit = min(self.settings.max_queued_per_client,
+                           request.max_queued if request.max_queued is not None else 10**9)
+        entry = self.pool.catalog.find(request.model_id)
+        refusal = self._refusal(request.client_id, client_limit, request.model_id, (
+            "model_queue_full", self._pending.of_model(request.model_id),
+            entry.manifest.max_queued if entry else None, f"the queue for '{request.model_id}'"))
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, client_id: str | None) -> RateLimited | None:
+        """The 429 a request gets whatever its body says, known from its client's header
+        alone: the queue is full, or that client's share of it is (a client profile only
+        ever lowers the share), counting the requests on their way in (:attr:`arrivals`).
+        Asked before the body is read, so a burst over the limits costs little; the full
+        checks run again when the request is queued."""
+        return self._refusal(client_id, self.settings.max_queued_per_client, None, None)
+
+    def _refusal(self, client_id: str | None, client_limit: int, model_id: str | None,
+                 of_model: tuple[str, int, int | None, str] | None) -> RateLimited | None:
+        """``of_model`` None: at the gate, where the requests on their way in count too."""
+        known = self.requestors.known(client_id) if client_id else None
+        gate = of_model is None
+        checks = [("queue_full", len(self._pending) + (self.arrivals.total if gate else 0),
+                   self.settings.max_queue_depth, "the queue"),
+                  ("client_queue_full", (known.queued if known else 0) + (
+                      self.arrivals.by_client.get(client_id or "", 0) if gate else 0),
+                   client_limit, f"client '{client_id}'s share of the queue"),
+                  *([of_model] if of_model else [])]
+        for code, waiting, limit, what in checks:
+            if limit is not None and waiting >= limit:
+                self.events.emit("queue_rejected", model=model_id or "", client=client_id,
+                                 reason=code)
+                return RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
+                                   retry_after_s=self._retry_after(model_id), code=code)
+        return None
+
+    def _retry_after(self, model_id: str | None) -> float:
+        """A hint from the learned inference time of the requests ahead (1–60 s)."""
+        infer = (self.pool.learned.predicted_infer_s(model_id) if model_id else None) or 1.0
+        return float(min(60, max(1, round(infer * len(self._pending) / 4))))

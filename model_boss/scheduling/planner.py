@@ -29,6 +29,9 @@ class Demand:
     allow_split: bool = False
     layers: LayerCosts | None = None
     needs_vram: bool = True
+    # a replica: not on its siblings' GPUs, and never in place of one of them
+    avoid_gpus: frozenset[int] = frozenset()
+    siblings: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,8 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
     placement = _place(demand, snapshot.free_mb)
     if placement is not None:
         return Fit(placement)
-    others = [s for s in snapshot.slots if s.model_id != demand.model_id]
+    others = [s for s in snapshot.slots if s.model_id != demand.model_id
+              and s.model_id not in demand.siblings]
     candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
     victims = victims_for(demand.need_mb, snapshot.free_mb, candidates,
                           allow_split=demand.allow_split, prune=snapshot.prune)
@@ -119,4 +123,6 @@ def _settled(view: SlotView) -> SlotView:
 
 
 def _place(demand: Demand, free_mb: dict[int, int]) -> Placement | None:
+    if demand.avoid_gpus:
+        free_mb = {gpu: mb for gpu, mb in free_mb.items() if gpu not in demand.avoid_gpus}
     return place(demand.need_mb, free_mb, allow_split=demand.allow_split, partial=demand.layers)

@@ -19,13 +19,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable, RateLimited
+from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
 from ..events import EventBus
 from ..settings import Settings
 from ..usage import Meter
-from .budget import Prediction, admit, predict
+from .budget import Admission, admit
 from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait
+from .replicas import ReplicaRouter, Route
 from .request import ARRIVING, Arrivals, Backlog, QueuedRequest, SlotTicket, ask_to_yield
 from .request_log import RequestLog
 from .requestors import RequestorRegistry
@@ -38,7 +39,7 @@ WAKE_INTERVAL_S = 5.0
 MIN_WARM_CREDIT_S = 1.0  # a loaded model's requests group even before its load was timed
 
 
-class InferenceQueue:
+class InferenceQueue(Admission):
     """Grants slots to requests in priority order and starts loads when they can fit."""
 
     def __init__(self, pool: SlotBoard, settings: Settings, events: EventBus) -> None:
@@ -68,6 +69,7 @@ class InferenceQueue:
         # request id -> how to ask it to give its slot back (a video job: it is requeued)
         self.yieldable: dict[str, Callable[[], None]] = {}
         self.granted_total = 0
+        self.replicas = ReplicaRouter(settings)
         self.on_granted: Callable[[int, float], None] = lambda priority, waited_s: None
         pool.on_change = self.wake
         pool.wanted = self.wanted_models
@@ -132,67 +134,6 @@ class InferenceQueue:
             if waiting_on is not None:  # the last to give up cancels a load nobody wants
                 waiting_on.wait_ends(gave_up)
 
-    def predict(self, request: QueuedRequest) -> Prediction:
-        """Expected wait + load + inference for ``request`` if it were queued now."""
-        slot = self.pool.slots.get(request.model_id)
-        learned = self.pool.learned
-        warm = slot is not None and slot.state == SlotState.READY
-        # every waiting request came earlier: those ahead are the ones of its priority or a
-        # more important one
-        ahead = (slot.active if slot else 0) + self._pending.of_model(request.model_id,
-                                                                      request.priority)
-        size = 0
-        if not warm:
-            entry = self.pool.catalog.find(request.model_id)
-            size = self.pool.estimate(entry).mb if entry else 0
-        return predict(warm=warm, loading=self.pool.is_loading(request.model_id),
-                       ahead=ahead, parallel=slot.parallel if slot else 1,
-                       load_s=learned.predicted_load_s(request.model_id, size),
-                       infer_s=learned.predicted_infer_s(request.model_id))
-
-    def _check_limits(self, request: QueuedRequest) -> None:
-        """Refuse with 429 when the queue, the client's share of it or the model's is full."""
-        client_limit = min(self.settings.max_queued_per_client,
-                           request.max_queued if request.max_queued is not None else 10**9)
-        entry = self.pool.catalog.find(request.model_id)
-        refusal = self._refusal(request.client_id, client_limit, request.model_id, (
-            "model_queue_full", self._pending.of_model(request.model_id),
-            entry.manifest.max_queued if entry else None, f"the queue for '{request.model_id}'"))
-        if refusal is not None:
-            raise refusal
-
-    def refusal(self, client_id: str | None) -> RateLimited | None:
-        """The 429 a request gets whatever its body says, known from its client's header
-        alone: the queue is full, or that client's share of it is (a client profile only
-        ever lowers the share), counting the requests on their way in (:attr:`arrivals`).
-        Asked before the body is read, so a burst over the limits costs little; the full
-        checks run again when the request is queued."""
-        return self._refusal(client_id, self.settings.max_queued_per_client, None, None)
-
-    def _refusal(self, client_id: str | None, client_limit: int, model_id: str | None,
-                 of_model: tuple[str, int, int | None, str] | None) -> RateLimited | None:
-        """``of_model`` None: at the gate, where the requests on their way in count too."""
-        known = self.requestors.known(client_id) if client_id else None
-        gate = of_model is None
-        checks = [("queue_full", len(self._pending) + (self.arrivals.total if gate else 0),
-                   self.settings.max_queue_depth, "the queue"),
-                  ("client_queue_full", (known.queued if known else 0) + (
-                      self.arrivals.by_client.get(client_id or "", 0) if gate else 0),
-                   client_limit, f"client '{client_id}'s share of the queue"),
-                  *([of_model] if of_model else [])]
-        for code, waiting, limit, what in checks:
-            if limit is not None and waiting >= limit:
-                self.events.emit("queue_rejected", model=model_id or "", client=client_id,
-                                 reason=code)
-                return RateLimited(f"{what} is full ({waiting} waiting, limit {limit})",
-                                   retry_after_s=self._retry_after(model_id), code=code)
-        return None
-
-    def _retry_after(self, model_id: str | None) -> float:
-        """A hint from the learned inference time of the requests ahead (1–60 s)."""
-        infer = (self.pool.learned.predicted_infer_s(model_id) if model_id else None) or 1.0
-        return float(min(60, max(1, round(infer * len(self._pending) / 4))))
-
     def in_order(self) -> Iterator[QueuedRequest]:
         """The waiting requests in serving order, lazily: a page of them costs its length."""
         return iter(self._pending.lines.walk(self._warm_credits()))
@@ -205,8 +146,9 @@ class InferenceQueue:
     def _warm_credits(self) -> dict[str, float]:
         """Loaded models → the reload seconds serving them now saves (warm grouping)."""
         credits = {}
-        for model_id, slot in self.pool.slots.items():
+        for slot in self.pool.slots.values():  # a model's replicas: one credit
             if slot.state == SlotState.READY:
+                model_id = slot.model_id
                 size = slot.estimate.mb if slot.estimate else 0
                 credits[model_id] = max(MIN_WARM_CREDIT_S,
                                         self.pool.learned.predicted_load_s(model_id, size))
@@ -221,18 +163,22 @@ class InferenceQueue:
         return effective_priority(request.priority, now - request.submitted_at,
                                   self.order_policy)
 
-    def _grant(self, request: QueuedRequest, owner: SlotGate) -> bool:
+    def _grant(self, request: QueuedRequest, owner: SlotGate, route: Route | None = None,
+               ) -> bool:
         """Grant ``request`` a place on ``owner``'s slot if the owner agrees (READY, leased,
         alive, room); the check and the count happen with no await between them."""
         if not owner.try_acquire(request.priority, request.keep_alive_s):
             return False
         client, slot = request.client_id, owner.slot
+        if route is not None:
+            self.replicas.granted(request, slot, route)
         self._in_flight_by_client[client] = self._in_flight_by_client.get(client, 0) + 1
         self._pending.discard(request)
         self.requestors.started(client)
         self.granted_total += 1
         self.pool.rates.record(request.model_id, time.time())
         ticket = SlotTicket(self._finished, request, slot)
+        ticket.route = route
         self.meter.granted(ticket)
         self.on_granted(request.priority, ticket.waited_s)
         request.future.set_result(ticket)
@@ -243,7 +189,8 @@ class InferenceQueue:
         unloads = slot.unload_after_request and not slot.pinned  # keep_alive 0: it goes now
         self._held = True
         try:
-            self.pool.owner(slot.model_id).release(request.priority, request.keep_alive_s)
+            owner = self.pool.owners.get(slot.key) or self.pool.owner(slot.model_id)
+            owner.release(request.priority, request.keep_alive_s)
         finally:
             self._held = False
         duration = time.monotonic() - ticket.started
@@ -266,11 +213,12 @@ class InferenceQueue:
         if head is None or head.model_id != model_id or head.future.done() \
                 or time.time() >= head.deadline:
             return False
-        owner = self.pool.owners.get(model_id)
-        if owner is None or owner.slot.state != SlotState.READY or any(
-                model_id in victims for victims in self._evicting.values()):
+        draining = {key for victims in self._evicting.values() for key in victims}
+        owners = [o for o in self.pool.replicas(model_id) if o.slot.key not in draining]
+        owner, route = self.replicas.pick(head, owners) if owners else (None, None)
+        if owner is None:
             return False
-        return self._has_room(head, owner) and self._grant(head, owner)
+        return self._has_room(head, owner) and self._grant(head, owner, route)
 
     def _fail(self, request: QueuedRequest, error: ModelBossError) -> None:
         self._pending.discard(request)
@@ -305,6 +253,7 @@ class InferenceQueue:
         # slots a waiter ahead needs to go idle, and those a load under way is evicting
         draining: set[str] = {m for victims in self._evicting.values() for m in victims}
         self._planners = []
+        scaled: set[str] = set()  # models asked for one more replica in this pass
         # a model leaves the walk once nothing more of it can be served in this pass: the
         # same requests the pass skipped one by one before
         walk = self._pending.lines.walk(self._warm_credits())
@@ -319,18 +268,23 @@ class InferenceQueue:
             except ModelBossError as exc:
                 self._fail(request, exc)
                 continue
-            slot = owner.slot
-            if slot.state == SlotState.READY:
-                if slot.model_id in draining or \
-                        slot.active >= slot.entry.manifest.running_limit:
-                    walk.drop(request.model_id)
-                elif self._has_room(request, owner) and not self._grant(request, owner):
+            owners = self.pool.replicas(request.model_id)
+            ready = [o for o in owners if o.slot.state == SlotState.READY
+                     and o.slot.key not in draining]
+            if ready:
+                await self._scale(request, owners, now, scaled)
+                chosen, route = self.replicas.pick(request, ready)
+                if chosen is None:  # full, or it waits for the replica with its prefix
+                    if route.key is None and not route.reason.startswith("waits"):
+                        walk.drop(request.model_id)
+                elif self._has_room(request, chosen) and \
+                        not self._grant(request, chosen, route):
                     walk.drop(request.model_id)  # the owner refused: full, or leaving READY
                 continue
             walk.drop(request.model_id)  # its first waiter in order speaks for the rest
-            if slot.state not in (SlotState.IDLE, SlotState.OFFLOADED) or \
-                    self.pool.is_loading(request.model_id):
-                continue
+            if any(o.slot.state not in (SlotState.IDLE, SlotState.OFFLOADED)
+                   or self.pool.is_loading(o.slot.key) for o in owners):
+                continue  # a replica is on its way, or leaving
             priority = self.aged_priority(request, now)
             try:
                 decision = await self.pool.plan(request.model_id, priority)
@@ -353,6 +307,33 @@ class InferenceQueue:
                 if task is not None:
                     task.add_done_callback(
                         lambda t, model=request.model_id: self._load_done(model, t))
+
+    async def _scale(self, request: QueuedRequest, owners: list[SlotGate], now: float,
+                     scaled: set[str]) -> None:
+        """One more replica of the request's model where its waiters are worth one and a GPU
+        has room (evicting only what the planner lets this request's priority evict)."""
+        model_id = request.model_id
+        if model_id in scaled or not self.replicas.scale(
+                request, owners, self._pending.of_model(model_id), now):
+            return
+        scaled.add(model_id)
+        owner = self.pool.add_replica(model_id)
+        priority = self.aged_priority(request, now)
+        try:
+            decision = await self.pool.plan(owner.slot.key, priority)
+        except ModelBossError:
+            decision = None
+        if decision is None or not decision.can_start:
+            self.pool.prune_replicas()
+            return
+        task = owner.start_load(priority)
+        if task is None:
+            return
+        self.events.emit("replica_added", model=model_id, replica=owner.slot.key,
+                         waited_s=round(now - request.submitted_at, 3))
+        if isinstance(decision, Evict):
+            self._evicting[owner.slot.key] = decision.victims
+        task.add_done_callback(lambda t, key=owner.slot.key: self._load_done(key, t))
 
     def _load_done(self, model_id: str, task: asyncio.Task) -> None:
         if self._evicting.pop(model_id, None):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
 from ..usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
+from .replicas import Route
 from .seams import SlotReading
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class QueuedRequest:
     key: str = ""  # the key it came with ("" with no keys configured), for the usage ledger
     end_user: str = ""  # the client id, user or metadata.user_id it named under that key
     work: float | None = None  # its length as asked (:func:`asked_work`): the wait estimates'
+    prefix: tuple[int, ...] = ()  # its prompt's chained block hashes (replica routing)
+    session: str | None = None  # what keeps its conversation on one replica
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 
@@ -177,6 +180,7 @@ class SlotTicket:
         self.metered: int | None = None  # its place on its slot's busy clock (Meter)
         self.load_s = 0.0  # the load it caused, charged to it
         self.settled: list[Callable[[], None]] = []  # told after the release (clean-ups)
+        self.route: Route | None = None  # which replica and why, where its model has several
         self._released = False
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:

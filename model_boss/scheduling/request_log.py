@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from .replicas import cached_prefix_tokens
+
 if TYPE_CHECKING:
     from .request import SlotTicket
 
@@ -34,7 +36,8 @@ class RequestLog:
                    submitted_at=request.submitted_at, load_s=load_s, tokens=ticket.tokens,
                    extra={"load_wait_s": ticket.load_wait_s, "task": request.task,
                           "rung": request.rung, "endpoint": request.endpoint or None,
-                          "prompt": request.prompt, "end_user": request.end_user})
+                          "prompt": request.prompt, "end_user": request.end_user,
+                          **_replica(ticket)})
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
@@ -61,6 +64,15 @@ class RequestLog:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def _replica(ticket: SlotTicket) -> dict:
+    """Where a model runs as replicas: the one that served and why (a request log row's)."""
+    if ticket.slot.entry.manifest.replicas.max < 2:
+        return {}
+    route = ticket.route
+    return {"replica": ticket.slot.key, "route": route.reason if route else None,
+            "cached_prefix_tokens": cached_prefix_tokens(route)}
 
 
 def prompt_text(body: dict, capture: bool, limit: int) -> str | None:

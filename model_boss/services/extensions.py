@@ -44,11 +44,15 @@ class ExtensionFields(BaseModel):
     x_task: str | None = Field(default=None, min_length=1, description="a task from tasks.yaml")
     x_thinking: StrictBool | None = Field(
         default=None, description="turn a model's thinking on or off")
+    x_session_id: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="keeps a conversation on one replica; also the X-Session-Id header")
 
 
 # a member's forward carries the key it let the request in with (trusted only on a forward)
 CARRIED_IDENTITY = ("x_key", "x_end_user")
-_HEADERS = {"x_client_id": "x-client-id", "x_priority": "x-priority"}
+_HEADERS = {"x_client_id": "x-client-id", "x_priority": "x-priority",
+            "x_session_id": "x-session-id"}
 _NUMERIC = {"x_priority"}
 
 
@@ -62,6 +66,7 @@ class Extensions:
     keep_alive_s: float | None = None
     task: str | None = None
     thinking: bool | None = None
+    session_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     forwarded: bool = False  # sent on by a cluster member (secret checked): served here
     request_id: str | None = None  # the queue's id for it (a job's id); set here, not by clients
@@ -99,5 +104,6 @@ def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensio
     fields = parse(ExtensionFields, known)
     return Extensions(client_id=fields.x_client_id, priority=fields.x_priority,
                       budget_s=fields.x_budget_s, keep_alive_s=fields.x_keep_alive_s,
-                      task=fields.x_task, thinking=fields.x_thinking, extra=found,
+                      task=fields.x_task, thinking=fields.x_thinking,
+                      session_id=fields.x_session_id, extra=found,
                       forwarded=forwarded, identity=identity)

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 MODEL_HEADER = "x-model-boss-model"
 WAIT_HEADER = "x-model-boss-queue-wait-s"
+# where a model runs more than once: the replica that served, and the prompt tokens it was
+# estimated to hold already (docs/SCHEDULING.md)
+REPLICA_HEADER = "x-model-boss-replica"
+CACHED_PREFIX_HEADER = "x-model-boss-cached-prefix-tokens"
 # the bytes that end a stream which failed after it began, in the route's own protocol
 StreamEnd = Callable[[Exception], bytes]
 Chunks = AsyncIterator[bytes]

@@ -32,6 +32,7 @@ from ..errors import (
 )
 from ..jobs.runner import Dispatched
 from ..keys import floored_priority
+from ..scheduling.replicas import cached_prefix_tokens, prompt_blocks, session_of
 from ..scheduling.request import QueuedRequest, SlotTicket, asked_work
 from ..scheduling.request_log import prompt_text
 from .accounting import Who, read_figures, unserved_row, who
@@ -41,7 +42,9 @@ from .extensions import Extensions
 from .native import PROPS, worker_props
 from .redact import redacted
 from .served import (
+    CACHED_PREFIX_HEADER,
     MODEL_HEADER,
+    REPLICA_HEADER,
     WAIT_HEADER,
     Adapter,
     Served,
@@ -51,6 +54,7 @@ from .served import (
     relay,
     tokens_in,
 )
+from .validation import blind, too_many_choices
 
 if TYPE_CHECKING:
     from ..catalog.tasks import TaskSpec
@@ -129,8 +133,8 @@ def _refusal(coord: Coordinator, model_id: str, endpoint: str,
         return ModelNotFound(f"The model '{model_id}' does not exist", param="model")
     manifest = found.manifest
     return _wrong_kind(coord, manifest, endpoint) \
-        or _not_turned_on(coord, manifest, endpoint) or _blind(manifest, endpoint, body) \
-        or _too_many_choices(manifest, endpoint, body) \
+        or _not_turned_on(coord, manifest, endpoint) or blind(manifest, endpoint, body) \
+        or too_many_choices(manifest, endpoint, body) \
         or media_refusal(manifest, found.path, found.ip_adapter, endpoint, body)
 
 
@@ -170,7 +174,10 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
             share=_share(profile, task), task=task and task.name, rung=task and position,
-            prompt=prompt_text(body, settings.capture_prompts, settings.capture_prompt_chars))
+            prompt=prompt_text(body, settings.capture_prompts, settings.capture_prompt_chars),
+            session=session_of(body, ext.session_id),
+            prefix=prompt_blocks(body) if coord.catalog.get(served_id).manifest.replicas.max > 1
+            or coord.cluster is not None else ())
         if ext.request_id:  # a job, or a stream that follows its place in the queue
             queued.request_id = ext.request_id
         try:
@@ -272,37 +279,6 @@ def _serves(manifest: ModelManifest, field: str, category: Category) -> bool:
     return manifest.category == category
 
 
-IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})  # OpenAI, Responses, Anthropic
-
-
-def _blind(manifest: ModelManifest, endpoint: str, body: dict[str, Any]) -> BadRequest | None:
-    """Image content for a model with no vision projector: a clear 400 (llama.cpp's server
-    would fail it only after the load)."""
-    if manifest.sees_images or endpoint not in (CHAT, "/v1/messages", "/v1/responses"):
-        return None
-    messages = body.get("messages") or body.get("input")
-    for position, message in enumerate(messages if isinstance(messages, list) else []):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(isinstance(part, dict) and part.get("type")
-                                             in IMAGE_PARTS for part in content):
-            return BadRequest(f"'{manifest.id}' cannot read images: it has no vision "
-                              "projector (a manifest's mmproj, or an mmproj*.gguf beside a "
-                              "discovered file)", param=f"messages.{position}.content",
-                              code="images_not_supported")
-    return None
-
-
-def _too_many_choices(manifest: ModelManifest, endpoint: str,
-                      body: dict[str, Any]) -> BadRequest | None:
-    # a worker kind that says how many choices it serves (llama: 1); others decide (cloud)
-    limit = getattr(BACKENDS.get(manifest.backend), "choices_per_request", None)
-    n = body.get("n")
-    if endpoint not in CHOICE_ENDPOINTS or limit is None or not isinstance(n, int) or n <= limit:
-        return None
-    return BadRequest(f"'{manifest.id}' serves at most {limit} choice{'s' * (limit != 1)} "
-                      f"per request; 'n' was {n}", param="n", code="n_not_supported")
-
-
 def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
     """The thinking toggle, as OpenAI-compatible servers take it: a chat template kwarg
     (the request's own ``chat_template_kwargs`` win); llama.cpp's Responses API too."""
@@ -335,6 +311,9 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         coord.used(unserved_row(queued, exc, coord.queue.meter.member))
         raise
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
+    if manifest.replicas.max > 1:
+        headers[REPLICA_HEADER] = ticket.slot.key
+        headers[CACHED_PREFIX_HEADER] = str(cached_prefix_tokens(ticket.route))
     if on_dispatch is not None:
         on_dispatch(ticket)
     backend = ticket.slot.backend

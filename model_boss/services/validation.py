@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ..backends.registry import BACKENDS
+from ..catalog import ModelManifest
 from ..errors import BadRequest
 
 M = TypeVar("M", bound=BaseModel)
@@ -41,3 +43,37 @@ def bad_request(errors: Sequence[Any]) -> BadRequest:
         message = message[len("Value error, "):]
     code = "missing_field" if first.get("type") == "missing" else "invalid_request"
     return BadRequest(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+# what a request asks of a model that the model cannot give, known before any load
+CHAT = "/v1/chat/completions"
+CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})  # OpenAI, Responses, Anthropic
+
+
+def blind(manifest: ModelManifest, endpoint: str, body: dict[str, Any]) -> BadRequest | None:
+    """Image content for a model with no vision projector: a clear 400 (llama.cpp's server
+    would fail it only after the load)."""
+    if manifest.sees_images or endpoint not in (CHAT, "/v1/messages", "/v1/responses"):
+        return None
+    messages = body.get("messages") or body.get("input")
+    for position, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(isinstance(part, dict) and part.get("type")
+                                             in IMAGE_PARTS for part in content):
+            return BadRequest(f"'{manifest.id}' cannot read images: it has no vision "
+                              "projector (a manifest's mmproj, or an mmproj*.gguf beside a "
+                              "discovered file)", param=f"messages.{position}.content",
+                              code="images_not_supported")
+    return None
+
+
+def too_many_choices(manifest: ModelManifest, endpoint: str,
+                      body: dict[str, Any]) -> BadRequest | None:
+    # a worker kind that says how many choices it serves (llama: 1); others decide (cloud)
+    limit = getattr(BACKENDS.get(manifest.backend), "choices_per_request", None)
+    n = body.get("n")
+    if endpoint not in CHOICE_ENDPOINTS or limit is None or not isinstance(n, int) or n <= limit:
+        return None
+    return BadRequest(f"'{manifest.id}' serves at most {limit} choice{'s' * (limit != 1)} "
+                      f"per request; 'n' was {n}", param="n", code="n_not_supported")

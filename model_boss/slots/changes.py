@@ -24,18 +24,18 @@ async def take_catalog_change(pool: ModelPool, diff: CatalogDiff, drain_s: float
     started from now on read the new catalog, so a removed model never loads again."""
     work = []
     for model_id in diff.changed:
-        owner = pool.owners.get(model_id)
         entry = pool.catalog.find(model_id)
-        if owner is None or entry is None:
-            continue
-        owner.slot.adopt(entry, pool.stay_warm_for(entry))
-        if model_id in diff.restart:
-            work.append(_retire(pool, model_id, "manifest changed", drain_s, forget=False))
+        for owner in pool.replicas(model_id) if entry is not None else []:
+            owner.slot.adopt(entry, pool.stay_warm_for(entry))
+            if model_id in diff.restart:
+                work.append(_retire(pool, owner.key, "manifest changed", drain_s,
+                                    forget=False))
     for model_id in diff.removed:
-        if model_id in pool.owners:
-            work.append(_retire(pool, model_id, "removed from the catalog", drain_s,
+        for owner in pool.replicas(model_id):
+            work.append(_retire(pool, owner.key, "removed from the catalog", drain_s,
                                 forget=True))
     await asyncio.gather(*work)
+    pool.prune_replicas()
     pool.on_change()
 
 
@@ -48,7 +48,7 @@ async def _retire(pool: ModelPool, model_id: str, reason: str, drain_s: float,
     except ModelBossError as exc:  # still busy after the drain: it stops at its next idle
         log.warning("'%s' (%s) could not be stopped now: %s", model_id, reason, exc.message)
     if forget and owner.slot.state == SlotState.IDLE and not owner.busy \
-            and not owner.waiters and pool.catalog.find(model_id) is None:
+            and not owner.waiters and pool.catalog.find(owner.model_id) is None:
         with contextlib.suppress(KeyError):
             del pool.owners[model_id]
             del pool.slots[model_id]

@@ -56,6 +56,10 @@ class SlotOwner:
         return self.slot.model_id
 
     @property
+    def key(self) -> str:
+        return self.slot.key
+
+    @property
     def busy(self) -> bool:
         """An operation (load, offload, stop) is in flight."""
         return self._op is not None and not self._op.done()
@@ -178,7 +182,8 @@ class SlotOwner:
         s = self.slot
         if self.busy or s.state != S.READY or s.active or s.pinned:
             return None
-        offload = bool(s.backend is not None and s.backend.can_offload)
+        # a second replica is not parked: its model is in RAM already, or on the first one
+        offload = bool(s.backend is not None and s.backend.can_offload and s.replica == 1)
         s.transition(S.OFFLOADING if offload else S.STOPPING, f"evicted: {reason}")
         op = self._begin("offload" if offload else "stop", self._offload(reason) if offload
                          else self.stop_worker(f"evicted: {reason}"))
@@ -223,8 +228,7 @@ class SlotOwner:
     async def check_health(self, failures_to_stop: int = 3) -> bool:
         """Ask an idle READY worker if it is healthy; ``failures_to_stop`` failures in a row
         and it leaves READY, its worker stopped (the next request reloads it)."""
-        s = self.slot
-        backend = s.backend
+        s, backend = self.slot, self.slot.backend
         if s.state != S.READY or self.busy or backend is None:
             return True
         healthy = await backend.health_check()
@@ -272,10 +276,7 @@ class SlotOwner:
             return False
         if s.active and wait_s <= 0:
             raise ModelBusy(self.model_id, s.active)
-        if s.active:
-            s.transition(S.DRAINING, reason)
-        else:
-            s.transition(target, reason)
+        s.transition(S.DRAINING if s.active else target, reason)
         return bool(await asyncio.shield(self._begin(
             "offload" if target == S.OFFLOADING else "stop",
             self._drain_then(target, reason, wait_s))))
@@ -378,9 +379,8 @@ class SlotOwner:
         self.pool.spawn(self._cleanup(backend, lease))
 
     async def _cleanup(self, backend: InferenceBackend | None, lease: Lease | None) -> None:
-        if backend is not None:
-            with contextlib.suppress(Exception):
-                await backend.stop()
+        with contextlib.suppress(Exception):
+            await backend.stop() if backend is not None else None
         await self.pool.release_lease(lease, self.model_id)
         self.pool.on_change()
 

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict
 from typing import Any
 
 from ..backends.base import InferenceBackend
@@ -22,7 +21,6 @@ from ..gpu.estimate import VramEstimate, estimate_vram, with_companions
 from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
 from ..gpu.placement import LayerCosts, Placement
-from ..gpu.processor import ProcessorSplit, processor_split
 from ..scheduling import planner
 from ..scheduling.eviction import SlotView
 from ..scheduling.learned import LearnedStats
@@ -32,7 +30,9 @@ from ..settings import Settings
 from .cpu_tier import CpuTier
 from .owner import SlotOwner
 from .reclaim import driver_free, held_vram, wait_reclaimed
+from .replicas import Replicas
 from .slot import ModelSlot, SlotState
+from .status import pool_status
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def default_backend_factory(entry: CatalogEntry, settings: Settings) -> Inferenc
     return BACKENDS[kind](entry, settings)
 
 
-class ModelPool:
+class ModelPool(Replicas):
     """Slots by model id, each driven by its :class:`SlotOwner`; makes room for loads by
     asking the pure planner and carrying out its plan. Holds no lock across I/O: the lease
     store is the arbiter of VRAM, and each owner serialises its own slot's operations."""
@@ -133,29 +133,6 @@ class ModelPool:
         per_layer, fixed = layer_costs_mb(info, manifest.ctx_size)
         return LayerCosts(per_layer, fixed, info.block_count, manifest.min_gpu_layers)
 
-    def processor(self, slot: ModelSlot) -> ProcessorSplit:
-        """Where the slot's model runs now: its lease, its worker's GPU layers out of the
-        model's, and whether its GPUs are declared ones (``ollama ps``'s PROCESSOR)."""
-        entry, lease = slot.entry, slot.lease
-        allocations = lease.allocations if lease else {}
-        layers_of = getattr(slot.backend, "gpu_layers", None)
-        gpu_layers = layers_of(slot.placement) if callable(layers_of) else None
-        total = slot.placement.total_layers if slot.placement else None
-        if total is None and gpu_layers is not None and entry.path is not None:
-            info = read_gguf_info(entry.path)
-            total = info.block_count if info else None
-        sources = {g.index: g.source for g in self.boss.gpus}
-        size = max(self.footprint_mb(slot), slot.ram_reserved_mb)
-        if slot.placement is not None and slot.placement.gpu_layers is not None \
-                and slot.estimate is not None:  # partly offloaded: the whole model's need
-            size = max(size, slot.estimate.mb)
-        return processor_split(
-            tier=slot.tier, size_mb=size,
-            leased_mb=sum(allocations.values()), gpu_layers=gpu_layers, total_layers=total,
-            declared=bool(allocations) and all(sources.get(i) == "declared"
-                                               for i in allocations),
-            remote=entry.manifest.backend == BackendKind.CLOUD)
-
     def is_loading(self, model_id: str) -> bool:
         owner = self.owners.get(model_id)
         return owner is not None and owner.loading
@@ -181,7 +158,7 @@ class ModelPool:
                     free[gpu] = max(0, free.get(gpu, 0) - mb)
         now = time.time()
         views = tuple(
-            SlotView(s.model_id, str(s.state), s.pinned, s.active, s.last_used,
+            SlotView(s.key, str(s.state), s.pinned, s.active, s.last_used,
                      s.last_priority, s.unload_at, dict(s.lease.allocations) if s.lease else {},
                      reload_s=self.reload_s(s), rate_per_s=self.rates.rate(s.model_id, now))
             for s in self.slots.values())
@@ -198,31 +175,34 @@ class ModelPool:
         return self.learned.predicted_load_s(slot.model_id, self.footprint_mb(slot))
 
     async def plan(self, model_id: str, priority: int) -> Plan:
-        """The planner's answer for loading ``model_id`` for a request of ``priority`` now."""
-        entry = self.catalog.get_available(model_id)
-        return planner.plan(self.demand(entry, priority), await self.snapshot(model_id))
+        """The planner's answer for loading ``model_id`` (a slot's key: a replica's too) for a
+        request of ``priority`` now."""
+        owner = self.owners.get(model_id) or self.owner(model_id)
+        self.catalog.get_available(owner.model_id)
+        return planner.plan(self.replica_demand(owner, priority),
+                            await self.snapshot(owner.key))
 
     async def make_room(self, owner: SlotOwner, priority: int,
                         ) -> tuple[Lease | None, Placement | None]:
         """Carry out plans until the load holds a lease: evict one victim at a time (its
         owner does it, only if it is idle), wait for the driver to reclaim, re-plan."""
-        demand = self.demand(owner.slot.entry, priority)
         try:
             for _ in range(MAX_PLAN_ROUNDS):
-                decision = planner.plan(demand, await self.snapshot(owner.model_id))
+                demand = self.replica_demand(owner, priority)
+                decision = planner.plan(demand, await self.snapshot(owner.key))
                 if isinstance(decision, Fit):
                     if decision.placement is None:
                         return None, None
                     try:
                         lease = await self._acquire(decision.placement, priority,
-                                                    owner.model_id)
+                                                    owner.key)
                     except LeaseUnavailable:  # taken between the read and the acquire
                         await asyncio.sleep(0.05)
                         continue
                     return lease, decision.placement
                 if isinstance(decision, Evict):
                     # claim the room first, so no other load takes what this one frees
-                    self._claims[owner.model_id] = dict(decision.placement.allocations)
+                    self._claims[owner.key] = dict(decision.placement.allocations)
                     victim = self.owners[decision.victims[0]]
                     held = held_vram(victim.slot)
                     before = await driver_free(self.boss) if held else {}
@@ -234,12 +214,12 @@ class ModelPool:
                         await asyncio.sleep(0.05)  # it just became busy: re-plan
                     continue
                 retry = decision.retry_after_s if isinstance(decision, Wait) else 30
-                raise CapacityExceeded(f"no room for '{owner.model_id}' ({demand.need_mb} MB)"
+                raise CapacityExceeded(f"no room for '{owner.key}' ({demand.need_mb} MB)"
                                        f": {decision.reason}", retry_after_s=retry)
             raise CapacityExceeded(f"no room for '{owner.model_id}' after {MAX_PLAN_ROUNDS} "
                                    f"plans; others keep taking the VRAM", retry_after_s=5)
         finally:
-            self._claims.pop(owner.model_id, None)
+            self._claims.pop(owner.key, None)
 
     async def _acquire(self, placement: Placement, priority: int, model_id: str) -> Lease:
         """Take the lease; a load cancelled while the store answers gives the lease back
@@ -296,7 +276,8 @@ class ModelPool:
             if owner.slot.evictable_state and owner.slot.expired(time.time()):
                 if await owner.unload("stay-warm expired",
                                       only_if=lambda s: s.expired(time.time())):
-                    stopped.append(owner.model_id)
+                    stopped.append(owner.key)
+        self.prune_replicas()
         return stopped
 
     async def reaper(self) -> None:
@@ -376,23 +357,7 @@ class ModelPool:
         return self.cpu_tier.offloaded_mb()
 
     def status(self) -> list[dict]:
-        result = []
-        for owner in self.owners.values():
-            slot = owner.slot
-            data = slot.to_dict()
-            data["operation"] = owner._op_kind if owner.busy else None
-            progress = owner.progress
-            data["load_progress"] = progress.snapshot() if progress else None
-            data["waiters"] = owner.waiters
-            if slot.estimate is None:
-                with contextlib.suppress(Exception):
-                    data["vram_estimate"] = self.estimate(slot.entry).to_dict()
-            data["learned"] = asdict(self.learned.get(slot.model_id))
-            data["prompt_cache"] = self.prompt_cache.stats(slot.model_id)
-            with contextlib.suppress(Exception):  # a status read never fails on a bad file
-                data["processor"] = self.processor(slot).to_dict()
-            result.append(data)
-        return result
+        return pool_status(self)
 
 
 def _log_failure(task: asyncio.Task) -> None:

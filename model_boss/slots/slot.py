@@ -37,6 +37,10 @@ TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 WITH_WORKER = frozenset({S.READY, S.DRAINING, S.OFFLOADING, S.OFFLOADED})
 
 
+def replica_key(model_id: str, replica: int) -> str:
+    return model_id if replica == 1 else f"{model_id}#{replica}"
+
+
 class IllegalTransition(ModelBossError):
     code = "illegal_slot_transition"
 
@@ -71,6 +75,7 @@ class ModelSlot:
     # parked worker can onload to
     worker_gpus: tuple[int, ...] | None = None
     unload_after_request: bool = False
+    replica: int = 1  # its place among the model's copies (docs/SCHEDULING.md, replicas)
     history: list[tuple[float, str, str]] = field(default_factory=list)
 
     @property
@@ -81,6 +86,11 @@ class ModelSlot:
     @property
     def model_id(self) -> str:
         return self.entry.manifest.id
+
+    @property
+    def key(self) -> str:
+        """Its name in the pool and on its lease: the model's id, ``id#n`` for replica n."""
+        return replica_key(self.model_id, self.replica)
 
     @property
     def parallel(self) -> int:
@@ -161,6 +171,8 @@ class ModelSlot:
         manifest = self.entry.manifest
         return {
             "model": self.model_id,
+            "replica": self.replica,
+            "key": self.key,
             "category": str(manifest.category),
             "backend": str(manifest.backend),
             "state": str(self.state),

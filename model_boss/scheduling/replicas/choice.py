@@ -1,0 +1,100 @@
+"""The replica decisions, as pure functions over views of one instant.
+
+:func:`route` — which READY replica a request goes to, or that it waits: its session's
+replica, else the one that holds most of its prompt's prefix, unless that one runs more than
+``slack`` requests beyond the least loaded replica (then the least loaded one with room).
+:func:`scale_up` — whether a model's waiting requests are worth one more replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..states import SlotState
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """One replica of a model as routing reads it."""
+
+    key: str
+    state: str
+    active: int
+    limit: int  # requests it runs at once
+    cached_blocks: int = 0  # leading prompt blocks it was sent before
+    order: int = 0  # round-robin position: how many requests were routed before it was last
+
+    @property
+    def room(self) -> bool:
+        return self.state == SlotState.READY and self.active < self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where the request goes (``key``), or None: it waits; and why."""
+
+    key: str | None
+    reason: str
+    cached_blocks: int = 0
+
+
+def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
+          slack: int = 2, policy: str = "cache") -> Route:
+    """The replica for one request. ``policy``: "cache" (session, prefix, then load),
+    "least_loaded", or "round_robin" (the replica routed to longest ago)."""
+    ready = [r for r in replicas if r.state == SlotState.READY]
+    if not ready:
+        return Route(None, "no replica is ready")
+    with_room = [r for r in ready if r.room]
+    least = min(ready, key=lambda r: r.active)
+    if policy == "round_robin":
+        return _first(sorted(with_room, key=lambda r: r.order), "round robin")
+    if policy == "cache":
+        preferred, why = None, ""
+        by_session = next((r for r in ready if r.key == session_replica), None)
+        if by_session is not None:
+            preferred, why = by_session, "session"
+        else:
+            best = max(ready, key=lambda r: (r.cached_blocks, -r.active))
+            if best.cached_blocks > 0:
+                preferred, why = best, "cached prefix"
+        if preferred is not None and preferred.active - least.active <= slack:
+            if preferred.room:
+                return Route(preferred.key, why, preferred.cached_blocks)
+            return Route(None, f"waits for its replica ({why})", preferred.cached_blocks)
+    ranked = sorted(with_room, key=lambda r: (r.active, -r.cached_blocks))
+    chosen = _first(ranked, "least loaded")
+    if chosen.key is not None:
+        cached = next(r.cached_blocks for r in ranked if r.key == chosen.key)
+        return Route(chosen.key, chosen.reason, cached)
+    return chosen
+
+
+def _first(ranked: list[ReplicaView], reason: str) -> Route:
+    if not ranked:
+        return Route(None, "every replica is full")
+    return Route(ranked[0].key, reason, ranked[0].cached_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleView:
+    """A model's replicas and waiters at one instant."""
+
+    model_id: str
+    replicas: int  # with a worker or on the way (READY, loading, draining)
+    loading: int  # of those, loading now
+    full: bool  # every READY replica runs its limit
+    waiting: int  # requests waiting for the model
+    oldest_wait_s: float
+    min_replicas: int = 1
+    max_replicas: int = 1
+
+
+def scale_up(view: ScaleView, wait_s: float) -> bool:
+    """One more replica now? Below ``min`` with anyone waiting; else, when every replica is
+    full and the first waiter has waited ``wait_s``, up to ``max``, one load at a time."""
+    if view.waiting == 0 or view.replicas >= view.max_replicas:
+        return False
+    if view.replicas < view.min_replicas:
+        return True
+    return view.loading == 0 and view.full and view.oldest_wait_s >= wait_s
