@@ -384,10 +384,11 @@ function renderMeta() {
   if (banner.textContent !== warnings) banner.textContent = warnings;
 }
 
-/** Whose lease is this: a model-boss slot's (its model) or an outside holder's. */
+/** Whose lease is this: a model-boss slot's (its key: the model, or "id#n" for replica n)
+ * or an outside holder's. */
 function leaseOwners() {
   const bySlot = new Map();
-  for (const slot of state.status.slots) if (slot.lease) bySlot.set(slot.lease.id, slot.model);
+  for (const slot of state.status.slots) if (slot.lease) bySlot.set(slot.lease.id, slot.key || slot.model);
   return bySlot;
 }
 
@@ -463,16 +464,33 @@ function gpuCard(gpu, bySlot) {
         ? ` · NVML free ${fmtMB(gpu.nvml_free_mb)}` : "")));
 }
 
-/** Every manifest, joined with its slot (a manifest never asked for has none yet). */
+/** Every manifest, joined with its slot (replica 1; a manifest never asked for has none
+ * yet) and every replica's slot, the first first. */
 function modelRows() {
   const s = state.status;
-  const slots = new Map(s.slots.map((slot) => [slot.model, slot]));
+  const slots = new Map();  // model id -> its replicas' slots
+  for (const slot of s.slots) slots.set(slot.model, [...(slots.get(slot.model) || []), slot]);
+  for (const copies of slots.values()) copies.sort((a, b) => (a.replica ?? 1) - (b.replica ?? 1));
   const queued = new Map();
   for (const w of state.queue || []) queued.set(w.model, (queued.get(w.model) || 0) + 1);
   return s.models.map((m) => {
-    const slot = slots.get(m.base || m.id) || null;  // an adapter runs on its base's worker
-    return {...m, slot, queuedNow: m.queued ?? queued.get(m.id) ?? 0};
+    const replicas = slots.get(m.base || m.id) || [];  // an adapter runs on its base's workers
+    return {...m, slot: replicas[0] || null, replicas, queuedNow: m.queued ?? queued.get(m.id) ?? 0};
   });
+}
+
+/** One replica's line: its key, state, the GPU(s) its lease holds and its requests. */
+function replicaItem(slot) {
+  const st = slot.state || "idle";
+  const allocations = Object.entries(slot.lease?.allocations || {});
+  const where = allocations.length
+    ? allocations.map(([i, mb]) => `GPU ${i} ${fmtMB(mb)}`).join(", ")
+    : slot.tier === "cpu" ? "CPU RAM" : "no GPU";
+  return h("li", {"data-replica": slot.key || slot.model, "data-state": st},
+    h("span", {class: "replica-key"}, slot.key || slot.model), " ",
+    h("span", {class: `badge ${st}`, title: "replica state"}, st),
+    h("span", {class: "replica-gpus"}, ` ${where}`),
+    ` · ${slot.active_requests ?? 0} active`);
 }
 
 function placementText(slot) {
@@ -525,8 +543,11 @@ function modelCard(m) {
   const tier = slot?.tier || "disk";
   const pinned = slot ? slot.pinned : Boolean(m.pin);
   const est = slot?.vram_estimate || m.vram_estimate;
-  const parallel = slot?.parallel ?? m.parallel ?? 1;
-  const active = slot?.active_requests ?? 0;
+  const copies = m.replicas?.length > 1 ? m.replicas : null;  // one replica: as it always was
+  const parallel = copies ? copies.reduce((sum, r) => sum + (r.parallel ?? 1), 0)
+    : slot?.parallel ?? m.parallel ?? 1;
+  const active = copies ? copies.reduce((sum, r) => sum + (r.active_requests ?? 0), 0)
+    : slot?.active_requests ?? 0;
   const canAct = m.available;
   return h("article", {class: "card model", "data-model": m.id, "data-state": st, "aria-label": `model ${m.id}`},
     h("header", {},
@@ -545,6 +566,8 @@ function modelCard(m) {
       slot?.draft && !m.base ? [h("dt", {}, "Draft"), h("dd", {class: "draft"}, slot.draft.split("/").pop())] : null,
       m.source ? [h("dt", {}, "Source"), h("dd", {class: "source"}, m.source)] : null,
       h("dt", {}, "Kind"), h("dd", {}, [m.category || slot?.category, m.backend || slot?.backend].filter(Boolean).join(" · ") || "—"),
+      copies ? [h("dt", {}, "Replicas"), h("dd", {class: "replicas"}, `${copies.length} replicas`,
+        h("ul", {class: "replica-list"}, copies.map(replicaItem)))] : null,
       h("dt", {}, "Placement"), h("dd", {class: "placement"}, placementText(slot)),
       h("dt", {}, "VRAM"), h("dd", {class: "vram"},
         est ? `est. ${fmtMB(est.mb)} (${est.rung})` : "est. —",
