@@ -88,10 +88,10 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
     others = [s for s in snapshot.slots if s.model_id != demand.model_id
               and s.model_id not in demand.siblings]
     candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
-    victims = victims_for(demand.need_mb, snapshot.free_mb, candidates,
+    victims = victims_for(demand.need_mb, _usable(demand, snapshot.free_mb), candidates,
                           allow_split=demand.allow_split, prune=snapshot.prune)
     if victims:
-        freed = dict(snapshot.free_mb)
+        freed = _usable(demand, snapshot.free_mb)
         for victim in victims:
             for gpu, mb in victim.allocations.items():
                 freed[gpu] = freed.get(gpu, 0) + mb
@@ -122,7 +122,11 @@ def _settled(view: SlotView) -> SlotView:
     return replace(view, state=SlotState.READY, active=0)
 
 
+def _usable(demand: Demand, free_mb: dict[int, int]) -> dict[int, int]:
+    """The GPUs ``demand`` may go on (a replica: not its siblings')."""
+    return {gpu: mb for gpu, mb in free_mb.items() if gpu not in demand.avoid_gpus}
+
+
 def _place(demand: Demand, free_mb: dict[int, int]) -> Placement | None:
-    if demand.avoid_gpus:
-        free_mb = {gpu: mb for gpu, mb in free_mb.items() if gpu not in demand.avoid_gpus}
+    free_mb = _usable(demand, free_mb)
     return place(demand.need_mb, free_mb, allow_split=demand.allow_split, partial=demand.layers)

@@ -62,7 +62,8 @@ def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
             if preferred.room:
                 return Route(preferred.key, why, preferred.cached_blocks)
             return Route(None, f"waits for its replica ({why})", preferred.cached_blocks)
-    ranked = sorted(with_room, key=lambda r: (r.active, -r.cached_blocks))
+    # equally loaded: the one routed to longest ago, so new conversations spread
+    ranked = sorted(with_room, key=lambda r: (r.active, -r.cached_blocks, r.order))
     chosen = _first(ranked, "least loaded")
     if chosen.key is not None:
         cached = next(r.cached_blocks for r in ranked if r.key == chosen.key)
