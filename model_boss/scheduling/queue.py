@@ -62,6 +62,7 @@ class InferenceQueue(Admission):
         # the requests whose model could not load yet at the last pass: their aging may
         # change that, so the loop wakes when one of them reaches its next level
         self._planners: list[QueuedRequest] = []
+        self._scale_due: float | None = None  # when a waiter will have waited long enough
         self._wake = asyncio.Event()
         self._held = False
         self._in_flight_by_client: dict[str, int] = {}
@@ -252,7 +253,7 @@ class InferenceQueue(Admission):
         self._expire(now)
         # slots a waiter ahead needs to go idle, and those a load under way is evicting
         draining: set[str] = {m for victims in self._evicting.values() for m in victims}
-        self._planners = []
+        self._planners, self._scale_due = [], None
         scaled: set[str] = set()  # models asked for one more replica in this pass
         # a model leaves the walk once nothing more of it can be served in this pass: the
         # same requests the pass skipped one by one before
@@ -313,8 +314,12 @@ class InferenceQueue(Admission):
         """One more replica of the request's model where its waiters are worth one and a GPU
         has room (evicting only what the planner lets this request's priority evict)."""
         model_id = request.model_id
-        if model_id in scaled or not self.replicas.scale(
-                request, owners, self._pending.of_model(model_id), now):
+        if model_id in scaled:
+            return
+        if not self.replicas.scale(request, owners, self._pending.of_model(model_id), now):
+            due = self.replicas.due(request, owners)  # releases grant without a pass: wake
+            if due is not None and due > now:
+                self._scale_due = min(due, self._scale_due or due)
             return
         scaled.add(model_id)
         owner = self.pool.add_replica(model_id)
@@ -374,5 +379,7 @@ class InferenceQueue(Admission):
                 if aging > 0 and planners:
                     nearest = min(nearest, min(aging - (now - r.submitted_at) % aging
                                                for r in planners) + 0.01)
+                if self._scale_due is not None:
+                    nearest = min(nearest, self._scale_due - now + 0.01)
                 if nearest < WAKE_INTERVAL_S:
                     asyncio.get_running_loop().call_later(max(0.01, nearest), self.wake)

@@ -53,8 +53,8 @@ class ReplicaRouter:
 
     def granted(self, request: QueuedRequest, slot: SlotReading, chosen: Route) -> None:
         """Remember what ``slot`` was sent (only where the model has, or may have, more than
-        one replica)."""
-        if slot.entry.manifest.replicas.max < 2:
+        one replica, or where another member may forward a conversation's next turn here)."""
+        if slot.entry.manifest.replicas.max < 2 and not self.settings.cluster:
             return
         self._fresh(slot)
         self.index.record(slot.key, request.prefix)
@@ -94,6 +94,15 @@ class ReplicaRouter:
             waiting=waiting, oldest_wait_s=now - request.submitted_at,
             min_replicas=manifest.replicas.min, max_replicas=manifest.replicas.max),
             self.settings.replica_scale_wait_s)
+
+
+    def due(self, request: QueuedRequest, owners: Sequence[SlotGate]) -> float | None:
+        """When the model of ``request`` may next get a replica for waiting (its first
+        waiter's wait reaching the threshold); None when it never can now."""
+        manifest = owners[0].slot.entry.manifest
+        if sum(1 for o in owners if o.slot.state in ON_THE_WAY) >= manifest.replicas.max:
+            return None
+        return request.submitted_at + self.settings.replica_scale_wait_s
 
 
 def cached_prefix_tokens(chosen: Route | None) -> int:
