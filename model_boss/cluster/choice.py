@@ -2,8 +2,10 @@
 
 Order of preference:
 
-1. a member where the model is READY, one with a parallel slot free first, then the shortest
-   queue, this member on a tie;
+1. a member where the model is READY: the one whose published prompt blocks match most of
+   the request's prefix, unless its load on the model (queued and running) is more than
+   ``slack`` beyond the least loaded READY member's; else (or with no match) one with a
+   parallel slot free first, then the shortest queue, this member on a tie;
 2. a member where it is on its way (LOADING, or parked in CPU RAM: OFFLOADED), so a second
    copy is not loaded beside it;
 3. nowhere: each member's own :func:`~model_boss.scheduling.planner.plan` over its published
@@ -18,11 +20,11 @@ error says why).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
-from .records import MemberRecord
+from .records import MemberRecord, SlotRecord
 
 ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")
 
@@ -48,21 +50,29 @@ Choice = Here | There
 
 
 def choose_member(demand: Demand, members: Sequence[MemberRecord], local_id: str,
-                  now: float) -> Choice:
+                  now: float, prefix: tuple[int, ...] = (), slack: int = 2) -> Choice:
     """Pick the member for ``demand``. Pure: no I/O, no clock (``now`` is given)."""
-    return (where_warm(demand.model_id, members, local_id)
+    return (where_warm(demand.model_id, members, local_id, prefix, slack)
             or where_cold(demand, members, local_id, now))
 
 
-def where_warm(model: str, members: Sequence[MemberRecord], local_id: str) -> Choice | None:
+def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
+               prefix: tuple[int, ...] = (), slack: int = 2) -> Choice | None:
     """Rules 1 and 2: where ``model`` is READY, else on its way; None when it is nowhere.
-    Needs no estimate of the model, so a warm request costs no more than this."""
+    Needs no estimate of the model, so a warm request costs no more than this. ``prefix``:
+    the request's chained prompt-block hashes (empty: no preference by cache)."""
     serving = [m for m in members if model in m.models]
     ready = [(m, s) for m in serving if (s := m.slot(model)) is not None and s.state == "ready"]
     if ready:
-        member, _ = min(ready, key=lambda pair: (
+        ranked = sorted(ready, key=lambda pair: (
             pair[1].parallel_free == 0, pair[1].queued, pair[1].active,
             pair[0].host_id != local_id, pair[0].host_id))
+        held = _holder(model, ranked, prefix, slack)
+        if held is not None:
+            member, cached = held
+            return _pick(member, local_id, f"'{model}' is ready on {member.host_id}, "
+                                           f"{cached} prompt blocks cached there")
+        member = ranked[0][0]
         return _pick(member, local_id, f"'{model}' is ready on {member.host_id}")
     coming = [m for m in serving
               if (s := m.slot(model)) is not None and s.state in ON_THE_WAY]
@@ -71,6 +81,35 @@ def where_warm(model: str, members: Sequence[MemberRecord], local_id: str) -> Ch
         state = member.slot(model).state  # type: ignore[union-attr]
         return _pick(member, local_id, f"'{model}' is {state} on {member.host_id}")
     return None
+
+
+def matched(held: Collection[int], prefix: tuple[int, ...]) -> int:
+    """How many leading blocks of ``prefix`` are in ``held`` (each hash stands for every
+    block before it, so the last one found counts for all of them)."""
+    found = set(held)
+    for n in range(len(prefix), 0, -1):
+        if prefix[n - 1] in found:
+            return n
+    return 0
+
+
+def _holder(model: str, ranked: list[tuple[MemberRecord, SlotRecord]],
+            prefix: tuple[int, ...], slack: int) -> tuple[MemberRecord, int] | None:
+    """The READY member that holds most of ``prefix`` and is not more than ``slack``
+    requests busier than the least loaded, with how many blocks it holds; None: no such."""
+    if not prefix:
+        return None
+    best, most = None, 0
+    for member, slot in ranked:  # in the load order: the first of equal matches wins
+        cached = matched(member.prefixes.get(model, ()), prefix)
+        if cached > most:
+            best, most = (member, slot), cached
+    if best is None:
+        return None
+    least = min(slot.queued + slot.active for _, slot in ranked)
+    if best[1].queued + best[1].active - least > slack:
+        return None
+    return best[0], most
 
 
 def where_cold(demand: Demand, members: Sequence[MemberRecord], local_id: str,

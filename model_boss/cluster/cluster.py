@@ -123,27 +123,29 @@ class Cluster:
         members.setdefault(self.host_id, MemberRecord(self.host_id, self.membership.url, ""))
         return list(members.values())
 
-    def warm_route(self, model_id: str) -> Route | None:
+    def warm_route(self, model_id: str, prefix: tuple[int, ...] = ()) -> Route | None:
         """The route that the records in memory decide alone: the model is busy or ready
-        here, or ready or on its way on some member. None when it is nowhere (then
-        :meth:`route` names a loader under the load lock)."""
+        here, or ready or on its way on some member (READY on several: the one that holds
+        most of ``prefix``, the request's prompt blocks, within the load slack). None when
+        it is nowhere (then :meth:`route` names a loader under the load lock)."""
         local = self.pool.slots.get(model_id)
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
             return Route(None, f"'{model_id}' is {state} here")
-        warm = where_warm(model_id, self._members(), self.host_id)
+        warm = where_warm(model_id, self._members(), self.host_id, prefix,
+                          self.settings.replica_load_slack)
         if warm is not None:
             return _route(warm)
         if state == "ready":  # our own record was older than the slot
             return Route(None, f"'{model_id}' is ready here")
         return None
 
-    async def route(self, model_id: str, priority: int) -> Route:
+    async def route(self, model_id: str, priority: int, prefix: tuple[int, ...] = ()) -> Route:
         """Where a request for ``model_id`` runs. Warm or on its way somewhere: there. Else
         the cheapest member loads it, named under the model's load lock; a request that
         finds the lock taken goes to the member it names."""
         entry = self.catalog.get_available(model_id)
-        known = self.warm_route(model_id)
+        known = self.warm_route(model_id, prefix)
         if known is not None:
             return known
         demand = self.pool.demand(entry, priority)
@@ -157,7 +159,8 @@ class Cluster:
             if taken:
                 # fresh records: the loader before us may have published and let go since
                 await self.membership.refresh()
-                again = where_warm(model_id, self._members(), self.host_id)
+                again = where_warm(model_id, self._members(), self.host_id, prefix,
+                                   self.settings.replica_load_slack)
                 if again is not None:
                     await self.store.keep_load(model_id, target, 0)
                     return _route(again)
@@ -217,11 +220,13 @@ class Cluster:
         """A stop has begun: leave the others' view, so they route around this member."""
         await self.membership.withdraw()
 
-    def elsewhere(self, model_id: str, priority: int) -> MemberRecord | None:
+    def elsewhere(self, model_id: str, priority: int,
+                  prefix: tuple[int, ...] = ()) -> MemberRecord | None:
         """Another member to take a request this one, stopping, will not serve: where the
         model is warm, else the cheapest to load it; None when no other member can."""
         others = [m for m in self.membership.view.values() if m.host_id != self.host_id]
-        choice = where_warm(model_id, others, self.host_id)
+        choice = where_warm(model_id, others, self.host_id, prefix,
+                            self.settings.replica_load_slack)
         entry = self.catalog.find(model_id)
         if choice is None and others and entry is not None:
             choice = where_cold(self.pool.demand(entry, priority), others, self.host_id,

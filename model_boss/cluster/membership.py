@@ -7,6 +7,10 @@ notice (Redis restarting) costs at most one beat. A Redis restart without persis
 repaired by the next beat: the record and the set come back.
 
 Routing reads :attr:`Membership.view` only: no Redis round trip on the request path.
+
+A record carries, per model READY here, the prompt blocks its replicas were sent last (at
+most :data:`PUBLISHED_BLOCKS`): what the others forward a conversation's next turn by. They
+go with the record, so a member that dies takes them out of the others' view with it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 # events after which the others should hear about this member's slots at once
 SLOT_EVENTS = frozenset({"slot_state", "loaded", "evicted", "offloaded", "onloaded",
                          "lease_lost", "pinned", "unpinned"})
+PUBLISHED_BLOCKS = 512  # per model, shared among its READY replicas here
 
 
 class Membership:
@@ -81,7 +86,23 @@ class Membership:
             free_mb=dict(snap.free_mb), ceiling_mb=dict(snap.ceiling_mb),
             models=tuple(e.manifest.id for e in self.catalog if e.available),
             slots=tuple(slots), queue_depth=self.queue.depth,
-            started_at=self.started_at, updated_at=time.time())
+            started_at=self.started_at, updated_at=time.time(), prefixes=self.prefixes())
+
+    def prefixes(self) -> dict[str, tuple[int, ...]]:
+        """Per model READY here, the block hashes its replicas were sent most recently: each
+        replica's last ``PUBLISHED_BLOCKS / replicas``, together."""
+        ready: dict[str, list[str]] = {}
+        for slot in self.pool.slots.values():
+            if str(slot.state) == "ready":
+                ready.setdefault(slot.model_id, []).append(slot.key)
+        index = self.queue.replicas.index
+        published = {}
+        for model, keys in ready.items():
+            share = max(1, PUBLISHED_BLOCKS // len(keys))
+            blocks = dict.fromkeys(b for key in sorted(keys) for b in index.summary(key, share))
+            if blocks:
+                published[model] = tuple(blocks)
+        return published
 
     # -- life ---------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 A :class:`MemberRecord` is the whole of what another member needs to route to this one:
 where it is, its GPUs (free now and at most), and its slots as the planner sees them, so the
 cheapest member for a cold model is chosen with the same pure :func:`plan` every member runs
-on its own slots.
+on its own slots; and, per model, the prompt blocks its replicas were sent last, so a
+conversation goes on where its prefix is cached.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class MemberRecord:
     queue_depth: int = 0
     started_at: float = 0.0
     updated_at: float = 0.0
+    # model id → the chained prompt-block hashes its replicas here were sent most recently
+    # (bounded; see :mod:`model_boss.scheduling.replicas.prefixes`)
+    prefixes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def slot(self, model: str) -> SlotRecord | None:
         for slot in self.slots:
@@ -93,6 +97,7 @@ class MemberRecord:
             "models": list(self.models), "slots": [s.to_dict() for s in self.slots],
             "queue_depth": self.queue_depth, "started_at": self.started_at,
             "updated_at": self.updated_at,
+            "prefixes": {model: list(blocks) for model, blocks in self.prefixes.items()},
         }
 
     @classmethod
@@ -107,4 +112,6 @@ class MemberRecord:
             slots=tuple(SlotRecord.from_dict(s) for s in data.get("slots") or ()),
             queue_depth=int(data.get("queue_depth", 0)),
             started_at=float(data.get("started_at", 0.0)),
-            updated_at=float(data.get("updated_at", 0.0)))
+            updated_at=float(data.get("updated_at", 0.0)),
+            prefixes={str(model): tuple(int(b) for b in blocks)
+                      for model, blocks in (data.get("prefixes") or {}).items()})

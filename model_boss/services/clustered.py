@@ -60,7 +60,7 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
         return await _unless_handed_off(coord, queued, here, None)
     sent = forward_body(body, ext, client_id=queued.client_id, priority=queued.priority,
                         budget_s=queued.budget_s)
-    route = await cluster.route(queued.model_id, queued.priority)
+    route = await cluster.route(queued.model_id, queued.priority, queued.prefix)
     async with cluster.holding(route):
         if route.member is not None:
             with contextlib.suppress(MemberUnreachable):  # then it is served here
@@ -68,7 +68,7 @@ async def serve_clustered(coord: Coordinator, queued: QueuedRequest, body: dict[
                                         queued.model_id, sent, end)
 
         async def elsewhere() -> Served:  # this member stops: another takes it
-            member = cluster.elsewhere(queued.model_id, queued.priority)
+            member = cluster.elsewhere(queued.model_id, queued.priority, queued.prefix)
             if member is not None:
                 with contextlib.suppress(MemberUnreachable):
                     return await forward_to(coord, member, queued.endpoint, queued.model_id,

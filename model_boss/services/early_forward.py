@@ -24,6 +24,7 @@ import orjson
 from ..catalog.tasks import task_name
 from ..cluster import FORWARDED_HEADER, MemberRecord
 from ..errors import ModelBossError
+from ..scheduling.replicas import prompt_blocks
 from .accounting import who
 from .clustered import forward_body, forward_to
 from .extensions import pop_extensions
@@ -66,7 +67,7 @@ def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
     if entry is None:
         return None
     manifest = entry.manifest
-    route = cluster.warm_route(manifest.id)
+    route = cluster.warm_route(manifest.id, prompt_blocks(body))
     if route is None or route.member is None:
         return None
     try:

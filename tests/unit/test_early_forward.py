@@ -31,7 +31,7 @@ class WarmOn:
     def __init__(self, routes: dict[str, Route]) -> None:
         self.routes = routes
 
-    def warm_route(self, model_id: str) -> Route | None:
+    def warm_route(self, model_id: str, prefix: tuple[int, ...] = ()) -> Route | None:
         return self.routes.get(model_id)
 
 
