@@ -33,7 +33,7 @@ from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
 from .scheduling.waiting import queue_status
 from .settings import PreloadEntry, Settings
-from .slots import SlotState, model_loads
+from .slots import SlotState, model_loads, model_totals
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .usage import Spent, UsageLedger, UsageRow
@@ -315,12 +315,12 @@ class Coordinator:
         for usage in await self.boss.usage():
             m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)
             m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
-        for slot in self.pool.slots.values():
+        for slot in self.pool.slots.values():  # each copy of a model as its own series
             for state in SlotState:
-                m.slot_state.labels(slot.model_id, str(state)).set(int(slot.state == state))
-            m.model_max_concurrency.labels(slot.model_id).set(
-                slot.entry.manifest.running_limit)
-            m.model_running.labels(slot.model_id).set(slot.active)
+                m.slot_state.labels(slot.key, str(state)).set(int(slot.state == state))
+        for model_id, running, limit in model_totals(self.pool.slots.values()):
+            m.model_max_concurrency.labels(model_id).set(limit)
+            m.model_running.labels(model_id).set(running)
         m.gateway.update(await model_loads(self.pool.slots, self.queue.backlog.by_model()))
 
     @property

@@ -27,8 +27,8 @@ async def health(request: Request, response: Response) -> dict[str, Any]:
     a stop has begun, so a load balancer or healthcheck takes the daemon out at once."""
     coord = coordinator_of(request)
     answer: dict[str, Any] = {"status": "ok", "models": len(coord.catalog),
-                              "ready": [s.model_id for s in coord.pool.slots.values()
-                                        if s.state == SlotState.READY]}
+                              "ready": sorted({s.model_id for s in coord.pool.slots.values()
+                                               if s.state == SlotState.READY})}
     drain = coord.drain
     if drain.draining:
         response.status_code = 503

@@ -4,7 +4,7 @@ metrics an inference gateway's picker reads (:mod:`model_boss.gateway`)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ..gateway import ModelLoad
 from .slot import ModelSlot, SlotState
@@ -17,18 +17,39 @@ async def model_loads(slots: Mapping[str, ModelSlot],
     (read from all ready workers at once), and its adapters. The adapters count as running
     while its worker is ready, since it loads them all; which adapter a waiting request asked
     for is not kept, so none are shown waiting."""
-    ready = {model_id: slot.backend for model_id, slot in slots.items()
+    ready = {key: slot.backend for key, slot in slots.items()
              if slot.state == SlotState.READY and slot.backend is not None}
     usages = await asyncio.gather(*(backend.kv_cache_usage() for backend in ready.values()),
                                   return_exceptions=True)  # a failed read: no series
-    kv_cache = {model_id: usage for model_id, usage in zip(ready, usages, strict=True)
-                if isinstance(usage, float)}
+    kv_cache: dict[str, list[float]] = {}  # by model: each ready copy's (replicas: the mean)
+    for key, usage in zip(ready, usages, strict=True):
+        if isinstance(usage, float):
+            kv_cache.setdefault(slots[key].model_id, []).append(usage)
+    copies: dict[str, list[ModelSlot]] = {}
+    for slot in slots.values():
+        copies.setdefault(slot.model_id, []).append(slot)
+    warm = {slots[key].model_id for key in ready}
     loads = []
-    for model_id in sorted(set(slots) | set(waiting)):
-        slot = slots.get(model_id)
-        adapters = tuple(adapter.id for adapter in slot.entry.adapters) if slot else ()
+    for model_id in sorted(set(copies) | set(waiting)):
+        found = copies.get(model_id, [])
+        adapters = tuple(adapter.id for adapter in found[0].entry.adapters) if found else ()
+        usage = kv_cache.get(model_id)
         loads.append(ModelLoad(
-            model_id, waiting=waiting.get(model_id, 0), running=slot.active if slot else 0,
-            kv_cache_usage=kv_cache.get(model_id), adapters=adapters,
-            running_adapters=adapters if model_id in ready else ()))
+            model_id, waiting=waiting.get(model_id, 0), running=sum(s.active for s in found),
+            kv_cache_usage=sum(usage) / len(usage) if usage else None, adapters=adapters,
+            running_adapters=adapters if model_id in warm else ()))
     return loads
+
+
+def model_totals(slots: Iterable[ModelSlot]) -> list[tuple[str, int, int]]:
+    """Per model: requests running over its copies, and how many may (each READY copy's
+    limit; one copy's while none is READY)."""
+    running: dict[str, int] = {}
+    ready: dict[str, int] = {}
+    one: dict[str, int] = {}
+    for slot in slots:
+        model, limit = slot.model_id, slot.entry.manifest.running_limit
+        running[model] = running.get(model, 0) + slot.active
+        ready[model] = ready.get(model, 0) + (limit if slot.state == SlotState.READY else 0)
+        one[model] = limit
+    return [(model, running[model], ready[model] or one[model]) for model in sorted(running)]

@@ -1,0 +1,99 @@
+"""Replicas through the real queue and pool, on in-process workers: a second copy starts on
+the other GPU while requests wait and every copy is full, never on a GPU its sibling holds;
+requests spread over the copies; the metrics count a model once over its copies; an idle copy
+goes by its keep-alive and leaves no slot behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .fakes import coordinator, manifest, started_client
+
+TWO_GPUS = [{"index": 0, "name": "sim", "vram_mb": 2000},
+            {"index": 1, "name": "sim", "vram_mb": 2000}]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def held_burst(tmp_path, gpus, n=3, **settings):
+    gate = asyncio.Event()
+    coord, log = coordinator(tmp_path, [manifest("m", 1000, replicas=2)], gpus=gpus,
+                             vram_margin_mb=0, replica_scale_wait_s=0.05,
+                             backend_kwargs={"gate": gate}, **settings)
+    return coord, log, gate
+
+
+async def wait_until(condition, timeout_s: float = 5.0) -> None:
+    """Wait for ``condition()``, failing after ``timeout_s``."""
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+async def test_a_second_copy_starts_on_the_other_gpu_while_requests_wait(tmp_path):
+    coord, log, gate = await held_burst(tmp_path, TWO_GPUS)
+    async with started_client(coord) as client:
+        asking = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+                  for _ in range(3)]
+        await wait_until(lambda: sum(s.state == "ready" for s in coord.pool.slots.values())
+                         == 2)
+        leases = {key: set(s.lease.allocations) for key, s in coord.pool.slots.items()}
+        assert leases == {"m": {0}, "m#2": {1}}
+        assert [e for e in log if e[0] == "start"] == [("start", "m"), ("start", "m")]
+        metrics = (await client.get("/metrics")).text
+        gate.set()
+        answers = await asyncio.gather(*asking)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert {a.headers["x-model-boss-replica"] for a in answers} == {"m", "m#2"}
+    running = {s.labels["model"]: s.value for f in text_string_to_metric_families(metrics)
+               for s in f.samples if s.name == "model_boss_model_running"}
+    limit = {s.labels["model"]: s.value for f in text_string_to_metric_families(metrics)
+             for s in f.samples if s.name == "model_boss_model_max_concurrency"}
+    assert running == {"m": 2.0} and limit == {"m": 2.0}  # one model, two copies
+    gateway = {s.labels["model_name"] for f in text_string_to_metric_families(metrics)
+               for s in f.samples if s.name == "vllm:num_requests_running"}
+    assert gateway == {"m"}
+
+
+async def test_one_gpu_never_holds_two_copies_of_a_model(tmp_path):
+    coord, log, gate = await held_burst(tmp_path, [{"index": 0, "name": "sim",
+                                                    "vram_mb": 4000}])
+    async with started_client(coord) as client:
+        asking = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+                  for _ in range(3)]
+        await wait_until(lambda: coord.queue.depth == 2)
+        await asyncio.sleep(0.3)  # past replica_scale_wait_s, over several passes
+        assert list(coord.pool.slots) == ["m"]  # the copy found no GPU and was forgotten
+        gate.set()
+        assert [a.status_code for a in await asyncio.gather(*asking)] == [200] * 3
+    assert [e for e in log if e[0] == "start"] == [("start", "m")]
+
+
+async def test_an_idle_copy_goes_by_its_keep_alive_and_leaves_no_slot(tmp_path):
+    coord, log, gate = await held_burst(tmp_path, TWO_GPUS, reaper_interval_s=0.05)
+    async with started_client(coord) as client:
+        asking = [asyncio.create_task(client.post("/v1/chat/completions",
+                                                  json={**CHAT, "x_keep_alive_s": 0.2}))
+                  for _ in range(3)]
+        await wait_until(lambda: "m#2" in coord.pool.slots
+                         and coord.pool.slots["m#2"].state == "ready")
+        gate.set()
+        await asyncio.gather(*asking)
+        await wait_until(lambda: "m#2" not in coord.pool.slots
+                         and coord.pool.slots["m"].state == "idle", timeout_s=5)
+        status = (await client.get("/api/v1/status")).json()
+    assert [s["key"] for s in status["slots"]] == ["m"]
+    assert status["slots"][0]["state"] == "idle" and not status["leases"]
+
+
+async def test_min_copies_start_as_soon_as_the_model_is_wanted(tmp_path):
+    coord, log = coordinator(tmp_path, [manifest("m", 1000, replicas={"min": 2, "max": 2})],
+                             gpus=TWO_GPUS, vram_margin_mb=0)
+    async with started_client(coord) as client:
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        await wait_until(lambda: len([s for s in coord.pool.slots.values()
+                                      if s.state == "ready"]) == 2)
+    assert [e for e in log if e[0] == "start"] == [("start", "m"), ("start", "m")]
