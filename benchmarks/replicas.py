@@ -13,6 +13,11 @@
    - (b) ``replica_routing: round_robin``, the same two replicas;
    - (c) one replica (the cache hit rate's baseline: every conversation on one cache).
 
+   Then the same across two members of a cluster on one Redis (a GPU and a copy each), the
+   client sending turn ``t`` of conversation ``n`` to member ``(n + t) % 2``: (d) members
+   forward by cached prefix (``replica_routing: cache``), (e) they do not (``round_robin``:
+   a member serves what reaches it while the model is READY there).
+
 2. Burst. One coordinator, the same model with ``replicas: {max: 1}`` then ``{max: 2}``
    (each side a fresh coordinator with the model loaded once): 12 chats of 48 tokens sent at
    once; the queue wait each one reports (``x-model-boss-queue-wait-s``), which replica
@@ -20,7 +25,7 @@
 
 Each part prints one table, medians, with ratios against its baseline in the same run.
 
-    .venv/bin/python benchmarks/replicas.py [--conversations 16] [--turns 4] [--part both]
+    .venv/bin/python benchmarks/replicas.py [--conversations 16] [--turns 4] [--part all]
 """
 
 from __future__ import annotations
@@ -47,23 +52,27 @@ CTX_SIZE = 2560
 MODEL_MB = 800
 
 
+FACTS = 57  # some 1,500 tokens of the demo model's (``--facts`` for a quick look)
+
+
 def system_prompt(n: int) -> str:
     """Conversation ``n``'s own ~1,500-token system prompt (no two share a first block)."""
     facts = " ".join(f"Fact {n}.{i}: in ledger {n}, line {i} holds {(i * 37 + n) % 101} "
-                     f"units of item {i % 13}." for i in range(80))
+                     f"units of item {i % 13}." for i in range(FACTS))
     return f"You are the clerk of ledger {n}. Answer in one short sentence. {facts}"
 
 
-def stream_turn(server: BenchServer, messages: list[dict]) -> dict[str, Any]:
+def stream_turn(url: str, messages: list[dict]) -> dict[str, Any]:
     """One streamed turn: first-token seconds, the answer, llama.cpp's timings, the
     replica."""
     started = time.perf_counter()
     first, text, timings = None, [], {}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=600, json={
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=600, json={
             "model": "smol", "messages": messages, "max_tokens": 8, "temperature": 0,
             "stream": True}) as response:
         assert response.status_code == 200, response.read()
-        replica = response.headers.get("x-model-boss-replica", "smol")
+        replica = response.headers.get("x-model-boss-member", "") + \
+            response.headers.get("x-model-boss-replica", "smol")
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -79,6 +88,35 @@ def stream_turn(server: BenchServer, messages: list[dict]) -> dict[str, Any]:
             "prompt_n": int(timings.get("prompt_n", 0)), "replica": replica}
 
 
+def ready_copies(url: str, at_least: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        slots = httpx.get(url + "/api/v1/status").json()["slots"]
+        if sum(s["state"] == "ready" for s in slots) >= at_least:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"{url}: fewer than {at_least} copies ready after 120 s")
+
+
+def converse(urls: list[str], conversations: int, turns: int, seed: int) -> list[dict]:
+    """The conversations, interleaved; turn ``t`` of conversation ``n`` sent to
+    ``urls[(n + t) % len(urls)]`` (one coordinator, or a client spreading over members)."""
+    history = [[{"role": "system", "content": system_prompt(n)}]
+               for n in range(conversations)]
+    rng = random.Random(seed)
+    rows = []
+    for turn in range(turns):
+        order = list(range(conversations))
+        rng.shuffle(order)
+        for n in order:
+            history[n].append({"role": "user", "content": f"Turn {turn}: how many units "
+                                                          f"are on line {turn * 7 + n}?"})
+            row = stream_turn(urls[(n + turn) % len(urls)], history[n])
+            history[n].append({"role": "assistant", "content": row["text"]})
+            rows.append({**row, "conversation": n, "turn": turn})
+    return rows
+
+
 def routing_side(root: Path, name: str, routing: str, replicas: dict, conversations: int,
                  turns: int, seed: int) -> tuple[dict, list[dict]]:
     manifest = demo_manifest("smol", threads=1, ctx_size=CTX_SIZE, vram_mb=MODEL_MB,
@@ -88,31 +126,62 @@ def routing_side(root: Path, name: str, routing: str, replicas: dict, conversati
                                        "prompt_cache_mb": 0}, [manifest]).start()
     try:
         # the replicas loaded before the clock starts (min: 2 starts both when wanted)
-        stream_turn(server, [{"role": "user", "content": "hi"}])
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            slots = httpx.get(server.url + "/api/v1/status").json()["slots"]
-            if sum(s["state"] == "ready" for s in slots) >= replicas["min"]:
-                break
-            time.sleep(0.2)
-        side = coordinator_side(server)
-        history = [[{"role": "system", "content": system_prompt(n)}]
-                   for n in range(conversations)]
-        rng = random.Random(seed)
-        rows = []
-        for turn in range(turns):
-            order = list(range(conversations))
-            rng.shuffle(order)
-            for n in order:
-                history[n].append({"role": "user",
-                                   "content": f"Turn {turn}: how many units are on line "
-                                              f"{turn * 7 + n}?"})
-                row = stream_turn(server, history[n])
-                history[n].append({"role": "assistant", "content": row["text"]})
-                rows.append({**row, "conversation": n, "turn": turn})
-        return side, rows
+        stream_turn(server.url, [{"role": "user", "content": "hi"}])
+        ready_copies(server.url, replicas["min"])
+        return coordinator_side(server), converse([server.url], conversations, turns, seed)
     finally:
         server.stop()
+
+
+def cluster_side(root: Path, name: str, routing: str, conversations: int, turns: int,
+                 seed: int) -> tuple[dict, list[dict]]:
+    """Two members on one Redis, a GPU and a copy each; the client alternates between them."""
+    from tests.conftest import RedisServer
+
+    redis = RedisServer(root).start()
+    members = [BenchServer(root / f"{name}-{host}", {
+        "log_level": "WARNING", "gpus": GPUS[:1], "replica_routing": routing,
+        "prompt_cache_mb": 0, "redis_url": redis.url, "cluster": True, "host_id": host,
+        "cluster_secret": "bench-secret"},
+        [demo_manifest("smol", threads=1, ctx_size=CTX_SIZE, vram_mb=MODEL_MB)])
+        for host in "ab"]
+    try:
+        for member in members:
+            member.start(60)
+        for member in members:
+            httpx.post(member.url + "/api/v1/models/smol/load", timeout=120)
+            ready_copies(member.url, 1)
+        time.sleep(2)  # each member's record seen by the other
+        return coordinator_side(members[0]), converse([m.url for m in members],
+                                                      conversations, turns, seed)
+    finally:
+        for member in members:
+            member.stop()
+        redis.stop()
+
+
+def table(title: str, results: dict[str, list[dict]], baseline: str,
+          conversations: int) -> None:
+    base = statistics.median(r["ttft"] for r in results[baseline])
+    print(f"\n{title}")
+    print(f"{'side':<22} {'p50 TTFT s':>10} {'p90 TTFT s':>10} {'vs ' + baseline[:3]:>7} "
+          f"{'hit rate':>9} {'misses':>7} {'served by':>10} {'one place':>9}")
+    for label, rows in results.items():
+        ttfts = sorted(r["ttft"] for r in rows)
+        p50 = statistics.median(ttfts)
+        p90 = ttfts[int(0.9 * (len(ttfts) - 1))]
+        cached = sum(r["cache_n"] for r in rows)
+        total = cached + sum(r["prompt_n"] for r in rows)
+        misses = sum(1 for r in rows if r["prompt_n"] > 500)  # a system prompt computed
+        places = len({r["replica"] for r in rows})
+        stuck = sum(len({r["replica"] for r in rows if r["conversation"] == n}) == 1
+                    for n in range(conversations))
+        print(f"{label:<22} {p50:>10.3f} {p90:>10.3f} {p50 / base:>6.2f}x "
+              f"{cached / max(1, total):>8.1%} {misses:>7} {places:>10} "
+              f"{stuck:>6}/{conversations}")
+    print("(hit rate: prompt tokens llama.cpp took from its cache over all prompt tokens; "
+          "misses: turns that computed their system prompt; one place: conversations whose "
+          "turns all ran on one copy)")
 
 
 def routing(root: Path, conversations: int, turns: int, seed: int) -> None:
@@ -125,24 +194,22 @@ def routing(root: Path, conversations: int, turns: int, seed: int) -> None:
         sides[label], results[label] = routing_side(root, label[1], policy, replicas,
                                                     conversations, turns, seed)
     check_sides(sides, measured=("replica_routing", "smol.replicas"))
-    base = statistics.median(r["ttft"] for r in results["(b) round robin"])
-    print(f"\nRouting: {conversations} conversations x {turns} turns, ~1,500-token system "
-          f"prompts, 2 declared GPUs, 1 thread per worker; medians")
-    print(f"{'side':<18} {'p50 TTFT s':>10} {'p90 TTFT s':>10} {'vs (b)':>7} "
-          f"{'hit rate':>9} {'misses':>7} {'replicas used':>14}")
-    for label, rows in results.items():
-        ttfts = sorted(r["ttft"] for r in rows)
-        p50 = statistics.median(ttfts)
-        p90 = ttfts[int(0.9 * (len(ttfts) - 1))]
-        cached = sum(r["cache_n"] for r in rows)
-        total = cached + sum(r["prompt_n"] for r in rows)
-        misses = sum(1 for r in rows if r["prompt_n"] > 500)
-        used = len({r["replica"] for r in rows})
-        print(f"{label:<18} {p50:>10.3f} {p90:>10.3f} {p50 / base:>6.2f}x "
-              f"{cached / max(1, total):>8.1%} {misses:>7} {used:>14}")
-    stuck = {label: sum(len({r["replica"] for r in rows if r["conversation"] == n}) == 1
-                        for n in range(conversations)) for label, rows in results.items()}
-    print(f"conversations whose turns all landed on one replica: {stuck}")
+    table(f"Routing on one host: {conversations} conversations x {turns} turns, ~1,500-token "
+          f"system prompts, 2 declared GPUs, 1 llama.cpp thread per copy", results,
+          "(b) round robin", conversations)
+
+
+def across_members(root: Path, conversations: int, turns: int, seed: int) -> None:
+    sides, results = {}, {}
+    for label, policy in (("(d) members, cache", "cache"),
+                          ("(e) members, no cache", "round_robin")):
+        print(f"{label}: {conversations} conversations x {turns} turns ...", flush=True)
+        sides[label], results[label] = cluster_side(root, label[1], policy, conversations,
+                                                    turns, seed)
+    check_sides(sides, measured=("replica_routing", "redis_url"))
+    table(f"Across two members on one Redis (a GPU and a copy each; the client alternates "
+          f"members turn by turn): {conversations} conversations x {turns} turns", results,
+          "(e) members, no cache", conversations)
 
 
 def fire(server: BenchServer, requests: int, started: float) -> list[dict]:
@@ -214,13 +281,19 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--burst", type=int, default=12)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--part", choices=("routing", "burst", "both"), default="both")
+    parser.add_argument("--facts", type=int, default=57)
+    parser.add_argument("--part", choices=("routing", "cluster", "burst", "all"),
+                        default="all")
     args = parser.parse_args()
+    global FACTS
+    FACTS = args.facts
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        if args.part in ("routing", "both"):
+        if args.part in ("routing", "all"):
             routing(root, args.conversations, args.turns, args.seed)
-        if args.part in ("burst", "both"):
+        if args.part in ("cluster", "all"):
+            across_members(root, args.conversations, args.turns, args.seed)
+        if args.part in ("burst", "all"):
             burst(root, args.burst)
 
 

@@ -123,6 +123,10 @@ class Cluster:
         members.setdefault(self.host_id, MemberRecord(self.host_id, self.membership.url, ""))
         return list(members.values())
 
+    def _cached(self, prefix: tuple[int, ...]) -> tuple[int, ...]:
+        """The prompt blocks the choice weighs: none unless routing is cache-aware."""
+        return prefix if self.settings.replica_routing == "cache" else ()
+
     def warm_route(self, model_id: str, prefix: tuple[int, ...] = ()) -> Route | None:
         """The route that the records in memory decide alone: the model is busy or ready
         here, or ready or on its way on some member (READY on several: the one that holds
@@ -132,7 +136,7 @@ class Cluster:
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
             return Route(None, f"'{model_id}' is {state} here")
-        warm = where_warm(model_id, self._members(), self.host_id, prefix,
+        warm = where_warm(model_id, self._members(), self.host_id, self._cached(prefix),
                           self.settings.replica_load_slack)
         if warm is not None:
             return _route(warm)
@@ -159,7 +163,8 @@ class Cluster:
             if taken:
                 # fresh records: the loader before us may have published and let go since
                 await self.membership.refresh()
-                again = where_warm(model_id, self._members(), self.host_id, prefix,
+                again = where_warm(model_id, self._members(), self.host_id,
+                                   self._cached(prefix),
                                    self.settings.replica_load_slack)
                 if again is not None:
                     await self.store.keep_load(model_id, target, 0)
@@ -225,7 +230,7 @@ class Cluster:
         """Another member to take a request this one, stopping, will not serve: where the
         model is warm, else the cheapest to load it; None when no other member can."""
         others = [m for m in self.membership.view.values() if m.host_id != self.host_id]
-        choice = where_warm(model_id, others, self.host_id, prefix,
+        choice = where_warm(model_id, others, self.host_id, self._cached(prefix),
                             self.settings.replica_load_slack)
         entry = self.catalog.find(model_id)
         if choice is None and others and entry is not None:

@@ -17,7 +17,7 @@ from .schemas import (
     SpeechRequest,
     VideoRequest,
 )
-from .served import MODEL_HEADER, WAIT_HEADER, Served
+from .served import CACHED_PREFIX_HEADER, MODEL_HEADER, REPLICA_HEADER, WAIT_HEADER, Served
 from .serving import serve
 from .validation import bad_request, parse
 
@@ -30,7 +30,9 @@ __all__ = [
     "ENDPOINT_BODIES",
     "FILES_PATH",
     "IMAGES",
+    "CACHED_PREFIX_HEADER",
     "MODEL_HEADER",
+    "REPLICA_HEADER",
     "WAIT_HEADER",
     "ChatRequest",
     "ClientDisconnected",

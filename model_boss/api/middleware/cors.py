@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...services import MODEL_HEADER, WAIT_HEADER
+from ...services import CACHED_PREFIX_HEADER, MODEL_HEADER, REPLICA_HEADER, WAIT_HEADER
 from .direct_routes import header
 
-EXPOSED = [MODEL_HEADER, WAIT_HEADER, "x-model-boss-member", "retry-after"]
+EXPOSED = [MODEL_HEADER, WAIT_HEADER, REPLICA_HEADER, CACHED_PREFIX_HEADER,
+           "x-model-boss-member", "retry-after"]
 
 
 def origin_pattern(origins: Sequence[str]) -> str | None:
