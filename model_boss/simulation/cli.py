@@ -5,7 +5,9 @@ It runs the coordinator's own ordering and planner (:mod:`model_boss.simulation.
 over the log the daemon writes (``state_dir/requests.jsonl``) and prints cold loads against
 Belady's optimum, waits per priority, and what another keep-alive or VRAM size would change;
 with ``--parallel N`` also the waits with loaded models side by side, N slots each, as the
-coordinator serves (:mod:`model_boss.simulation.side_by_side`).
+coordinator serves (:mod:`model_boss.simulation.side_by_side`). ``--replicas N`` instead
+replays one model's requests (a synthetic burst without ``--trace``) over at most 1..N copies
+of it, started by the coordinator's own replica rule (:mod:`model_boss.simulation.replicas`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 
 from ..errors import BadRequest
 from ..scheduling.ordering import OrderPolicy
+from .replicas import ReplicaSettings, busiest_model, requests_of, simulate_replicas
 from .side_by_side import simulate_side_by_side
 from .simulator import MODEL_BOSS, POLICIES, TODAY, Result, SimPolicy, Trace, simulate
-from .traces import jsonl_trace
+from .traces import burst_trace, jsonl_trace
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([gGmM]?)[bB]?\s*$")
 
@@ -33,17 +36,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             description="Replay a request log through the scheduler.",
                             epilog=f"example:\n  {EXAMPLE}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, required=True,
-                        help="request log (state_dir/requests.jsonl)")
-    parser.add_argument("--gpus", required=True,
-                        help="VRAM per GPU, comma-separated: 24576 or 24G,24G (one pool)")
+    parser.add_argument("--trace", type=Path,
+                        help="request log (state_dir/requests.jsonl); needed unless "
+                             "--replicas is given")
+    parser.add_argument("--gpus",
+                        help="VRAM per GPU, comma-separated: 24576 or 24G,24G (one pool); "
+                             "needed unless --replicas is given")
     parser.add_argument("--keep-alive", type=float, default=300.0,
                         help="seconds an idle model stays loaded (default 300)")
     parser.add_argument("--aging-s", type=float, default=2.0,
                         help="seconds of waiting per priority level (default 2)")
     parser.add_argument("--parallel", type=int, default=0, metavar="N",
                         help="also replay with loaded models serving side by side, N "
-                             "requests at once each (the manifests' parallel)")
+                             "requests at once each (the manifests' parallel); with "
+                             "--replicas, the requests one copy runs at once (default 1)")
+    parser.add_argument("--replicas", type=int, default=0, metavar="N",
+                        help="only replay one model over at most 1..N copies of it, side by "
+                             "side (no --trace: a synthetic burst)")
+    parser.add_argument("--model", help="with --replicas: the model to replay (default: "
+                                         "the one with the most requests)")
+    parser.add_argument("--scale-wait-s", type=float, default=2.0,
+                        help="with --replicas: the first waiter's wait before one more copy "
+                             "(replica_scale_wait_s, default 2)")
 
 
 def parse_gpus(text: str) -> int:
@@ -61,7 +75,11 @@ def parse_gpus(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas > 0:
+        return _replicas(args)
     try:
+        if args.trace is None or args.gpus is None:
+            raise BadRequest("--trace and --gpus are needed (or --replicas N)")
         capacity = parse_gpus(args.gpus)
         if not args.trace.is_file():
             raise BadRequest(f"--trace: {args.trace} is not a file")
@@ -130,3 +148,37 @@ def _what_if(trace: Trace, policy: SimPolicy, capacity: int) -> None:
         res = simulate(variant_trace, variant)
         print(f"{label:<24}{res.cold_loads:>11}  " +
               "".join(f"{res.wait_pct(p, 0.95):>18.1f}" for p in priorities))
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    """One model's waits, copies started and copy-seconds for at most 1..N copies."""
+    try:
+        if args.trace is None:
+            trace = burst_trace(seed=1)
+        elif not args.trace.is_file():
+            raise BadRequest(f"--trace: {args.trace} is not a file")
+        else:
+            trace = jsonl_trace(args.trace, parse_gpus(args.gpus) if args.gpus else 0)
+        model = args.model or busiest_model(trace)
+        if model not in trace.sizes:
+            raise BadRequest(f"--model: no requests for '{model}' in the trace")
+    except BadRequest as exc:
+        print(f"model-boss simulate: {exc.message}")
+        return 2
+    base = ReplicaSettings(parallel=max(1, args.parallel), load_s=trace.load_time(model),
+                           keep_alive_s=args.keep_alive, wait_s=args.scale_wait_s)
+    requests = requests_of(trace, model)
+    print(f"{trace.name}: {len(requests)} requests for {model}, load {base.load_s:.1f} s, "
+          f"{base.parallel} at once per copy, one more copy after a "
+          f"{base.wait_s:g} s wait, keep-alive {base.keep_alive_s:g} s\n")
+    print(f"{'max copies':>10}{'wait p50/p95 s':>20}{'p50 x max 1':>13}"
+          f"{'copies started':>16}{'peak':>6}{'copy-s':>10}")
+    first = 0.0
+    for n in range(1, args.replicas + 1):
+        res = simulate_replicas(requests, replace(base, max_replicas=n), model)
+        p50 = res.wait_pct(0.5)
+        first = p50 if n == 1 else first
+        ratio = f"{p50 / first:.2f}" if first > 0 else "-"
+        print(f"{n:>10}{p50:>12.1f} / {res.wait_pct(0.95):<5.1f}{ratio:>13}"
+              f"{res.started:>16}{res.peak:>6}{res.copy_s:>10.0f}")
+    return 0

@@ -54,6 +54,21 @@ def bursty_trace(seed: int, count: int = 400) -> Trace:
     return Trace(f"bursty multi-client (seed {seed})", requests[:count], sizes, 24576)
 
 
+def burst_trace(seed: int, count: int = 300) -> Trace:
+    """One 13 GB chat model: a request every ~30 s, and bursts of 10–40 a second apart."""
+    rng = random.Random(seed + 2000)
+    requests: list[SimRequest] = []
+    t = 0.0
+    while len(requests) < count:
+        for _ in range(rng.randint(3, 8)):  # the quiet part
+            t += rng.expovariate(1 / 30.0)
+            requests.append(SimRequest(t, "chat", 5, rng.uniform(2, 8)))
+        for _ in range(rng.randint(10, 40)):  # a burst
+            t += rng.expovariate(1.0)
+            requests.append(SimRequest(t, "chat", 5, rng.uniform(2, 8)))
+    return Trace(f"burst (seed {seed})", requests[:count], {"chat": 13312}, 24576)
+
+
 def jsonl_trace(path: Path, capacity_mb: int) -> Trace:
     """A request log as a trace; arrivals start at 0. A clear error for a bad line."""
     requests: list[SimRequest] = []
