@@ -254,6 +254,7 @@ class InferenceQueue(Admission):
         # slots a waiter ahead needs to go idle, and those a load under way is evicting
         draining: set[str] = {m for victims in self._evicting.values() for m in victims}
         self._planners, self._scale_due = [], None
+        self.replicas.begin_pass()
         scaled: set[str] = set()  # models asked for one more replica in this pass
         # a model leaves the walk once nothing more of it can be served in this pass: the
         # same requests the pass skipped one by one before

@@ -42,6 +42,12 @@ def r(key: str, active: int = 0, cached: int = 0, limit: int = 1, state: str = "
     # the cached replica is busier than the slack allows: the least loaded one
     ([r("a", 4, cached=5, limit=8), r("b", 0, limit=8)], None, 2, ("b", "least loaded")),
     ([r("a", 3, cached=5, limit=8), r("b", 0, limit=8)], None, 3, ("a", "cached prefix")),
+    # requests already waiting for the cached replica count as its load: past the slack,
+    # the next one goes to the idle replica instead of queueing behind them
+    ([ReplicaView("a", "ready", 1, 1, 5, 0, waiting=2), r("b", 0)], None, 2,
+     ("b", "least loaded")),
+    ([ReplicaView("a", "ready", 1, 1, 5, 0, waiting=1), r("b", 0)], None, 2,
+     (None, "waits for its replica (cached prefix)")),
     # the session's replica wins over a longer cached prefix elsewhere
     ([r("a", 0, cached=1, limit=2), r("b", 0, cached=9, limit=2)], "a", 2, ("a", "session")),
     # a session whose replica is gone: the cache decides
@@ -143,3 +149,32 @@ def test_sessions_come_from_the_header_then_anthropic_then_openai_and_stay_bound
     assert (sessions.get("s1"), sessions.get("s2"), sessions.get("s3")) == (None, "b", "a")
     sessions.forget("a")
     assert sessions.get("s3") is None and sessions.get("s2") == "b"
+
+
+def test_requests_left_waiting_for_a_replica_count_as_its_queue_within_a_pass():
+    """Three waiters whose prefix is on the busy replica: two wait for it (the slack), the
+    third goes to the idle one; a new pass counts afresh."""
+    from types import SimpleNamespace
+
+    from model_boss.scheduling.replicas import ReplicaRouter
+    from model_boss.settings import Settings
+
+    def copy(key: str, active: int) -> SimpleNamespace:
+        manifest = SimpleNamespace(running_limit=1, replicas=SimpleNamespace(min=1, max=2))
+        return SimpleNamespace(slot=SimpleNamespace(
+            key=key, state="ready", active=active, loaded_at=1.0, entry=SimpleNamespace(
+                manifest=manifest)))
+
+    blocks = prompt_blocks({"messages": CONVERSATION})
+    router = ReplicaRouter(Settings(replica_load_slack=2))
+    router.index.record("a", blocks)
+    owners = [copy("a", 1), copy("b", 0)]
+
+    def ask() -> str | None:
+        request = SimpleNamespace(model_id="m", prefix=blocks, session=None, submitted_at=0.0)
+        return router.pick(request, owners)[1].key
+
+    router.begin_pass()
+    assert [ask(), ask(), ask()] == [None, None, "b"]
+    router.begin_pass()
+    assert ask() is None

@@ -1,8 +1,9 @@
 """The replica decisions, as pure functions over views of one instant.
 
 :func:`route` — which READY replica a request goes to, or that it waits: its session's
-replica, else the one that holds most of its prompt's prefix, unless that one runs more than
-``slack`` requests beyond the least loaded replica (then the least loaded one with room).
+replica, else the one that holds most of its prompt's prefix, unless that one's load (requests
+running there and waiting for it) is more than ``slack`` beyond the least loaded replica's
+(then the least loaded one with room).
 :func:`scale_up` — whether a model's waiting requests are worth one more replica.
 """
 
@@ -23,10 +24,15 @@ class ReplicaView:
     limit: int  # requests it runs at once
     cached_blocks: int = 0  # leading prompt blocks it was sent before
     order: int = 0  # round-robin position: how many requests were routed before it was last
+    waiting: int = 0  # requests already waiting for this replica (their prefix is there)
 
     @property
     def room(self) -> bool:
         return self.state == SlotState.READY and self.active < self.limit
+
+    @property
+    def load(self) -> int:
+        return self.active + self.waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,7 @@ class Route:
     key: str | None
     reason: str
     cached_blocks: int = 0
+    waits_for: str | None = None  # the replica it waits for (its session's or prefix's)
 
 
 def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
@@ -46,7 +53,7 @@ def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
     if not ready:
         return Route(None, "no replica is ready")
     with_room = [r for r in ready if r.room]
-    least = min(ready, key=lambda r: r.active)
+    least = min(ready, key=lambda r: r.load)
     if policy == "round_robin":
         return _first(sorted(with_room, key=lambda r: r.order), "round robin")
     if policy == "cache":
@@ -55,15 +62,16 @@ def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
         if by_session is not None:
             preferred, why = by_session, "session"
         else:
-            best = max(ready, key=lambda r: (r.cached_blocks, -r.active))
+            best = max(ready, key=lambda r: (r.cached_blocks, -r.load))
             if best.cached_blocks > 0:
                 preferred, why = best, "cached prefix"
-        if preferred is not None and preferred.active - least.active <= slack:
+        if preferred is not None and preferred.load - least.load <= slack:
             if preferred.room:
                 return Route(preferred.key, why, preferred.cached_blocks)
-            return Route(None, f"waits for its replica ({why})", preferred.cached_blocks)
+            return Route(None, f"waits for its replica ({why})", preferred.cached_blocks,
+                         preferred.key)
     # equally loaded: the one routed to longest ago, so new conversations spread
-    ranked = sorted(with_room, key=lambda r: (r.active, -r.cached_blocks, r.order))
+    ranked = sorted(with_room, key=lambda r: (r.load, -r.cached_blocks, r.order))
     chosen = _first(ranked, "least loaded")
     if chosen.key is not None:
         cached = next(r.cached_blocks for r in ranked if r.key == chosen.key)

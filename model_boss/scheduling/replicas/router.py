@@ -35,6 +35,11 @@ class ReplicaRouter:
         self._routed = 0
         self._last: dict[str, int] = {}  # replica → its place in the round-robin order
         self._loaded: dict[str, float | None] = {}  # replica → the load its index is of
+        self._held: dict[str, int] = {}  # replica → requests this pass left waiting for it
+
+    def begin_pass(self) -> None:
+        """A dispatch pass begins: who waits for which replica is counted afresh."""
+        self._held.clear()
 
     def pick(self, request: QueuedRequest,
              owners: Sequence[SlotGate]) -> tuple[SlotGate | None, Route]:
@@ -49,6 +54,8 @@ class ReplicaRouter:
                        slack=self.settings.replica_load_slack,
                        policy=self.settings.replica_routing)
         owner = next((o for o in owners if o.slot.key == chosen.key), None)
+        if chosen.waits_for is not None:  # its replica's queue, as the next request sees it
+            self._held[chosen.waits_for] = self._held.get(chosen.waits_for, 0) + 1
         return owner, chosen
 
     def granted(self, request: QueuedRequest, slot: SlotReading, chosen: Route) -> None:
@@ -67,7 +74,7 @@ class ReplicaRouter:
         return ReplicaView(slot.key, str(slot.state), slot.active,
                            slot.entry.manifest.running_limit,
                            self.index.matched(slot.key, request.prefix),
-                           self._last.get(slot.key, 0))
+                           self._last.get(slot.key, 0), self._held.get(slot.key, 0))
 
     def _fresh(self, slot: SlotReading) -> None:
         """A replica loaded again since it was last sent anything holds none of it."""
