@@ -13,6 +13,12 @@ Order of preference:
    then waiting for room; within each, the shortest queue, then this member, then the host
    id (so every member, given the same records, names the same one).
 
+Before these, one more copy (:func:`scale_out`): when the model is READY on some members
+but every READY copy is busy to its parallel limit, its longest waiter there has waited
+``wait_s``, and fewer copies run or are on their way than its manifest's ``replicas.max``,
+the request goes cold to the cheapest member that holds no copy of it and has room now
+(rule 3 over those members, fitting or evicting only): that member loads it and serves.
+
 Members that do not serve the model (not in their catalog, or unavailable there), or where
 it can never fit, are never chosen. When no member can take it, this member answers (its own
 error says why).
@@ -50,10 +56,54 @@ Choice = Here | There
 
 
 def choose_member(demand: Demand, members: Sequence[MemberRecord], local_id: str,
-                  now: float, prefix: tuple[int, ...] = (), slack: int = 2) -> Choice:
+                  now: float, prefix: tuple[int, ...] = (), slack: int = 2,
+                  replicas_max: int = 1, wait_s: float = 2.0) -> Choice:
     """Pick the member for ``demand``. Pure: no I/O, no clock (``now`` is given)."""
-    return (where_warm(demand.model_id, members, local_id, prefix, slack)
+    return (scale_out(demand, members, local_id, now, replicas_max, wait_s)
+            or where_warm(demand.model_id, members, local_id, prefix, slack)
             or where_cold(demand, members, local_id, now))
+
+
+def copy_wanted(model: str, members: Sequence[MemberRecord], now: float,
+                replicas_max: int = 1, wait_s: float = 2.0) -> bool:
+    """Whether ``model`` is worth one more copy on another member: READY somewhere, every
+    READY copy busy to its parallel limit, its longest waiter where it is READY waiting
+    ``wait_s`` by ``now`` (as published, plus the record's age), none loading (one load at a
+    time), and fewer copies READY or on their way than ``replicas_max``."""
+    if replicas_max <= 1:
+        return False
+    copies = [(m, s) for m in members for s in m.slots
+              if _copy_of(s.model, model) and (s.state == "ready" or s.state in ON_THE_WAY)]
+    ready = [(m, s) for m, s in copies if s.state == "ready"]
+    if not ready or len(copies) >= replicas_max or any(s.parallel_free for _, s in ready) \
+            or any(s.state == "loading" for _, s in copies):
+        return False
+    waits = [s.oldest_wait_s + max(0.0, now - m.updated_at)
+             for m, s in ready if s.queued or s.oldest_wait_s]
+    return bool(waits) and max(waits) >= wait_s
+
+
+def scale_out(demand: Demand, members: Sequence[MemberRecord], local_id: str, now: float,
+              replicas_max: int = 1, wait_s: float = 2.0) -> Choice | None:
+    """The member that loads one more copy of the model (cold), when :func:`copy_wanted`
+    says one is worth it: the cheapest of those holding none that can take it now (fit, or
+    evict what the planner lets the request evict); None: the other rules decide."""
+    model = demand.model_id
+    if not copy_wanted(model, members, now, replicas_max, wait_s):
+        return None
+    others = [m for m in members if not any(_copy_of(s.model, model) for s in m.slots)]
+    costed = [row for row in _costed(demand, others, local_id, now) if row[0][0] <= 1]
+    if not costed:
+        return None
+    best = min(costed, key=lambda row: row[:4])
+    return _pick(best[4], local_id, f"every copy of '{model}' is busy and its requests "
+                                    f"wait; {best[4].host_id} {_COST_WORDS[best[0][0]]}",
+                 cold=True)
+
+
+def _copy_of(key: str, model: str) -> bool:
+    """Whether slot ``key`` is ``model`` or one of its replicas on one member."""
+    return key == model or key.startswith(model + "#")
 
 
 def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
@@ -116,19 +166,27 @@ def where_cold(demand: Demand, members: Sequence[MemberRecord], local_id: str,
                now: float) -> Choice:
     """Rule 3: the member whose own plan for loading ``demand`` is cheapest."""
     model = demand.model_id
-    costed = []
-    for member in members:
-        if model not in member.models:
-            continue
-        cost = _cost(demand, member, now)
-        if cost is not None:
-            costed.append((cost, member.queue_depth, member.host_id != local_id,
-                           member.host_id, member))
+    costed = _costed(demand, members, local_id, now)
     if not costed:
         return Here(f"no member can take '{model}'")
     best = min(costed, key=lambda row: row[:4])
     return _pick(best[4], local_id, f"'{model}' is nowhere; {best[4].host_id} "
                                     f"{_COST_WORDS[best[0][0]]}", cold=True)
+
+
+def _costed(demand: Demand, members: Sequence[MemberRecord], local_id: str,
+            now: float) -> list[tuple[tuple[int, int], int, bool, str, MemberRecord]]:
+    """Per member that serves the model and could ever load it: its cost, then the keys
+    that break ties (shortest queue, this member, the host id), then the member."""
+    costed = []
+    for member in members:
+        if demand.model_id not in member.models:
+            continue
+        cost = _cost(demand, member, now)
+        if cost is not None:
+            costed.append((cost, member.queue_depth, member.host_id != local_id,
+                           member.host_id, member))
+    return costed
 
 
 _COST_WORDS = {0: "has room for it", 1: "can make room for it", 2: "will have room for it"}

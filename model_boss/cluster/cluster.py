@@ -21,7 +21,7 @@ from ..runtime_config import RuntimeConfig
 from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
 from ..slots.pool import ModelPool
-from .choice import Here, There, where_cold, where_warm
+from .choice import Here, There, copy_wanted, scale_out, where_cold, where_warm
 from .forward import Forwarder
 from .jobs import ANY, JobStreams, StreamJobManager
 from .membership import Membership
@@ -127,33 +127,57 @@ class Cluster:
         """The prompt blocks the choice weighs: none unless routing is cache-aware."""
         return prefix if self.settings.replica_routing == "cache" else ()
 
+    def _replicas_max(self, model_id: str) -> int:
+        entry = self.catalog.find(model_id)
+        return entry.manifest.replicas.max if entry is not None else 1
+
+    def _copy_wanted(self, model_id: str) -> bool:
+        """Whether another member should load one more copy (:func:`copy_wanted`)."""
+        return copy_wanted(model_id, self._members(), time.time(),
+                           self._replicas_max(model_id), self.settings.replica_scale_wait_s)
+
     def warm_route(self, model_id: str, prefix: tuple[int, ...] = ()) -> Route | None:
         """The route that the records in memory decide alone: the model is busy or ready
         here, or ready or on its way on some member (READY on several: the one that holds
         most of ``prefix``, the request's prompt blocks, within the load slack). None when
-        it is nowhere (then :meth:`route` names a loader under the load lock)."""
+        it is nowhere, or when its copies are full and its requests wait long enough for one
+        more (then :meth:`route` names a loader under the load lock)."""
         local = self.pool.slots.get(model_id)
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
             return Route(None, f"'{model_id}' is {state} here")
+        if self._copy_wanted(model_id):
+            return None
+        return self._warm(model_id, prefix)
+
+    def _warm(self, model_id: str, prefix: tuple[int, ...]) -> Route | None:
         warm = where_warm(model_id, self._members(), self.host_id, self._cached(prefix),
                           self.settings.replica_load_slack)
         if warm is not None:
             return _route(warm)
-        if state == "ready":  # our own record was older than the slot
+        local = self.pool.slots.get(model_id)
+        if local is not None and str(local.state) == "ready":  # our record was older
             return Route(None, f"'{model_id}' is ready here")
         return None
 
     async def route(self, model_id: str, priority: int, prefix: tuple[int, ...] = ()) -> Route:
         """Where a request for ``model_id`` runs. Warm or on its way somewhere: there. Else
         the cheapest member loads it, named under the model's load lock; a request that
-        finds the lock taken goes to the member it names."""
+        finds the lock taken goes to the member it names. A model whose copies are all full
+        while its requests wait is loaded so too, on a member that holds none
+        (:func:`scale_out`), up to its manifest's ``replicas.max``."""
         entry = self.catalog.get_available(model_id)
         known = self.warm_route(model_id, prefix)
         if known is not None:
             return known
         demand = self.pool.demand(entry, priority)
-        choice = where_cold(demand, self._members(), self.host_id, time.time())
+        choice = scale_out(demand, self._members(), self.host_id, time.time(),
+                           entry.manifest.replicas.max, self.settings.replica_scale_wait_s)
+        if choice is None:  # no copy after all (no member has room): the warm rules
+            warm = self._warm(model_id, prefix)
+            if warm is not None:
+                return warm
+            choice = where_cold(demand, self._members(), self.host_id, time.time())
         if not choice.cold:  # no member can take it: this one answers why
             return _route(choice)
         target = choice.member.host_id if isinstance(choice, There) else self.host_id
@@ -163,9 +187,9 @@ class Cluster:
             if taken:
                 # fresh records: the loader before us may have published and let go since
                 await self.membership.refresh()
-                again = where_warm(model_id, self._members(), self.host_id,
-                                   self._cached(prefix),
-                                   self.settings.replica_load_slack)
+                again = None if self._copy_wanted(model_id) else where_warm(
+                    model_id, self._members(), self.host_id, self._cached(prefix),
+                    self.settings.replica_load_slack)
                 if again is not None:
                     await self.store.keep_load(model_id, target, 0)
                     return _route(again)

@@ -68,6 +68,8 @@ class Membership:
     async def record(self) -> MemberRecord:
         snap = await self.pool.snapshot()
         queued = self.queue.backlog.by_model()
+        since = self.queue.backlog.first_submitted()
+        now = time.time()
         slots = []
         for view in snap.slots:
             slot = self.pool.slots.get(view.model_id)
@@ -79,7 +81,9 @@ class Membership:
                 pinned=view.pinned, last_used=view.last_used,
                 last_priority=view.last_priority, unload_at=view.unload_at,
                 allocations=dict(view.allocations), reload_s=view.reload_s,
-                rate_per_s=view.rate_per_s))
+                rate_per_s=view.rate_per_s,
+                oldest_wait_s=round(max(0.0, now - since[slot.model_id]), 3)
+                if slot.model_id in since else 0.0))
         return MemberRecord(
             host_id=self.host_id, url=self.url, version=__version__,
             gpus=tuple(g.to_dict() for g in self.pool.boss.gpus),

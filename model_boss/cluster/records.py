@@ -34,6 +34,7 @@ class SlotRecord:
     allocations: dict[int, int] = field(default_factory=dict)
     reload_s: float = 0.0  # the evictor's cost figures (see SlotView)
     rate_per_s: float = 0.0
+    oldest_wait_s: float = 0.0  # how long the model's first waiter here had waited (0: none)
 
     @property
     def parallel_free(self) -> int:

@@ -148,6 +148,15 @@ class Backlog:
     def by_model(self) -> dict[str, int]:
         return dict(self._by_model)
 
+    def first_submitted(self) -> dict[str, float]:
+        """Per model with waiters, when the one waiting longest came (a scan: for the
+        cluster's record, not for every arrival)."""
+        first: dict[str, float] = {}
+        for request in self._requests:
+            if request.submitted_at < first.get(request.model_id, request.submitted_at + 1):
+                first[request.model_id] = request.submitted_at
+        return first
+
     def by_priority(self) -> dict[int, int]:
         counts: Counter[int] = Counter()
         for (_model, priority), n in self._by_model_priority.items():
