@@ -7,7 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
+from tests.cluster_members import cluster, members_on_one_redis
+from tests.conftest import ServerProcess, llama_manifest, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -19,27 +20,11 @@ SYSTEM = ("You are a terse assistant on a ship. " * 30).strip()  # some four blo
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory, demo_gguf):
-    redis_server = RedisServer(tmp_path_factory.mktemp("prefix-redis")).start()
-    servers = {host: ServerProcess(
-        tmp_path_factory.mktemp(f"prefix-member-{host}"),
-        {"redis_url": redis_server.url, "cluster": True, "host_id": host,
-         "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": MEMBER_TTL_S,
-         "lease_ttl_s": MEMBER_TTL_S,
-         "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}]},
-        [llama_manifest("m1", demo_gguf, vram_mb=3000)],
-        env={"MODEL_BOSS_CLUSTER_SECRET": SECRET}) for host in "ab"}
-    try:
-        for server in servers.values():
-            server.start(60)
+    with members_on_one_redis(
+            tmp_path_factory, "prefix", [llama_manifest("m1", demo_gguf, vram_mb=3000)],
+            {"cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": MEMBER_TTL_S,
+             "lease_ttl_s": MEMBER_TTL_S}, SECRET) as servers:
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-        redis_server.stop()
-
-
-def cluster(server: ServerProcess) -> dict:
-    return httpx.get(server.url + "/api/v1/cluster", timeout=10).json()
 
 
 def chat(server: ServerProcess, messages: list[dict]) -> httpx.Response:

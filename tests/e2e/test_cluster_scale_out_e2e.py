@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import RedisServer, ServerProcess, llama_manifest, wait_for
+from tests.cluster_members import cluster, members_on_one_redis
+from tests.conftest import ServerProcess, llama_manifest, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -25,31 +26,14 @@ SPACING_S = 0.4
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory, demo_gguf):
-    redis_server = RedisServer(tmp_path_factory.mktemp("scale-out-redis")).start()
     manifests = [llama_manifest("m1", demo_gguf, vram_mb=3000, parallel=1,
                                 replicas={"min": 1, "max": 2}),
                  llama_manifest("m2", demo_gguf, vram_mb=3000, parallel=1)]  # max 1
-    servers = {host: ServerProcess(
-        tmp_path_factory.mktemp(f"scale-out-member-{host}"),
-        {"redis_url": redis_server.url, "cluster": True, "host_id": host,
-         "cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": MEMBER_TTL_S,
-         "lease_ttl_s": MEMBER_TTL_S, "replica_scale_wait_s": 0.5,
-         "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}]},
-        manifests, env={"MODEL_BOSS_CLUSTER_SECRET": SECRET}) for host in "ab"}
-    try:
-        for server in servers.values():
-            server.start(60)
-        wait_for(lambda: all(len(cluster(s)["members"]) == 2 for s in servers.values()),
-                 timeout=15)
+    with members_on_one_redis(
+            tmp_path_factory, "scale-out", manifests,
+            {"cluster_heartbeat_s": HEARTBEAT_S, "cluster_member_ttl_s": MEMBER_TTL_S,
+             "lease_ttl_s": MEMBER_TTL_S, "replica_scale_wait_s": 0.5}, SECRET) as servers:
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-        redis_server.stop()
-
-
-def cluster(server: ServerProcess) -> dict:
-    return httpx.get(server.url + "/api/v1/cluster", timeout=10).json()
 
 
 def ready_on(server: ServerProcess, model: str) -> set[str]:

@@ -82,8 +82,8 @@ def test_a_burst_starts_a_second_replica_on_the_other_gpu_which_goes_when_idle(
              what=lambda: server.status()["leases"])
     assert len(server.worker_pids()) == 0 or not any(
         s["pid"] for s in server.status()["slots"])
-    # the next burst starts one again
-    again = burst(server, 4)
+    # the next burst starts one again (the first copy's cold load is waited out first)
+    again = burst(server, 6)
     assert {a.headers[REPLICA] for a in again} == {"smol", "smol#2"}
 
 
