@@ -275,6 +275,11 @@ class InferenceQueue(Admission):
                      and o.slot.key not in draining]
             if ready:
                 await self._scale(request, owners, now, scaled)
+                # read again after the await: a copy may have left READY meanwhile (the grant
+                # is the owner's to refuse either way)
+                ready = [o for o in ready if o.slot.state == SlotState.READY]
+                if not ready:
+                    continue
                 chosen, route = self.replicas.pick(request, ready)
                 if chosen is None:  # full, or it waits for the replica with its prefix
                     if route.key is None and not route.reason.startswith("waits"):
