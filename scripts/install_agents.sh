@@ -1,13 +1,42 @@
 #!/usr/bin/env bash
 # Install the coding agents tests/e2e/test_agents.py runs, Claude Code and Codex, from npm into
-# .venv/agents (a project-local prefix: nothing global is touched, and .venv is ignored by git).
-# Usage: scripts/install_agents.sh [--if-missing]   (--if-missing: nothing to do when both are
-# there). Without npm it says so and succeeds: the agent tests skip, naming what is missing.
+# .venv/agents (a project-local prefix: nothing global is touched, and .venv is ignored by git),
+# at the versions pinned in scripts/agent_versions.txt.
+# Usage: scripts/install_agents.sh [--if-missing] [--prefix DIR] [--latest]
+#   --if-missing: nothing to do when the pinned versions are there already
+#   --prefix DIR: install into DIR instead of .venv/agents
+#   --latest: the newest releases instead of the pins (scripts/agents_latest.sh uses it)
+# Without npm it says so and succeeds: the agent tests skip, naming what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=.venv/agents
-bin="$prefix/node_modules/.bin"
-if [ "${1:-}" = "--if-missing" ] && [ -x "$bin/claude" ] && [ -x "$bin/codex" ]; then
+if_missing=""
+latest=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --if-missing) if_missing=1 ;;
+    --prefix) prefix="$2"; shift ;;
+    --latest) latest=1 ;;
+    *) echo "usage: $0 [--if-missing] [--prefix DIR] [--latest]" >&2; exit 2 ;;
+  esac
+  shift
+done
+prefix=$(realpath -m "$prefix")
+packages=()
+while read -r name version; do
+  case "$name" in ''|'#'*) continue ;; esac
+  if [ -n "$latest" ]; then packages+=("$name@latest"); else packages+=("$name@$version"); fi
+done < scripts/agent_versions.txt
+installed() {  # every pinned package at its pinned version under $prefix
+  while read -r name version; do
+    case "$name" in ''|'#'*) continue ;; esac
+    manifest="$prefix/node_modules/$name/package.json"
+    [ -f "$manifest" ] || return 1
+    found=$(node -p 'require(process.argv[1]).version' "$manifest" 2>/dev/null) || return 1
+    [ "$found" = "$version" ] || return 1
+  done < scripts/agent_versions.txt
+}
+if [ -n "$if_missing" ] && [ -z "$latest" ] && installed; then
   exit 0
 fi
 if ! command -v npm >/dev/null; then
@@ -16,7 +45,5 @@ if ! command -v npm >/dev/null; then
   exit 0
 fi
 mkdir -p "$prefix"
-# @latest: without it npm may settle for an older version its cache already holds
-npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error \
-  @anthropic-ai/claude-code@latest @openai/codex@latest
-"$bin/claude" --version && "$bin/codex" --version
+npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error "${packages[@]}"
+"$prefix/node_modules/.bin/claude" --version && "$prefix/node_modules/.bin/codex" --version

@@ -57,7 +57,10 @@ def claude_code(target: Target, args: list[str], files_dir: Path) -> Launch:
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
-    return Launch(["claude", *args], env, secrets=frozenset({"ANTHROPIC_AUTH_TOKEN"}))
+    # the answer's bound is the caller's where they chose one (a shorter one to keep a slow
+    # CPU model's answers short, a longer one for a large context)
+    return Launch(["claude", *args], env, secrets=frozenset({"ANTHROPIC_AUTH_TOKEN"}),
+                  defaults=frozenset({"CLAUDE_CODE_MAX_OUTPUT_TOKENS"}))
 
 
 def codex(target: Target, args: list[str], files_dir: Path) -> Launch:

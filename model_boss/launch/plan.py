@@ -29,18 +29,23 @@ class Target:
 @dataclass
 class Launch:
     """How to start one agent: ``argv`` (the binary first), ``env`` to set (a value) or remove
-    (``None``), ``files`` to write first, and what ``describe`` shows of each."""
+    (``None``), ``files`` to write first, and what ``describe`` shows of each. The names in
+    ``defaults`` are tunings the caller may have chosen: a value in the caller's environment
+    is kept, launch's is set only where there is none."""
 
     argv: list[str]
     env: dict[str, str | None] = field(default_factory=dict)
     files: dict[Path, str] = field(default_factory=dict)
     secrets: frozenset[str] = frozenset()  # env names whose values are keys: never shown whole
     shown_args: list[str] = field(default_factory=list)  # the options the launcher added
+    defaults: frozenset[str] = frozenset()  # env names whose value in the caller's is kept
 
     def environ(self, base: dict[str, str]) -> dict[str, str]:
         """``base`` (the caller's environment) with this launch's changes."""
         merged = dict(base)
         for name, value in self.env.items():
+            if name in self.defaults and name in base:
+                continue
             if value is None:
                 merged.pop(name, None)
             else:
@@ -51,7 +56,9 @@ class Launch:
         """One line per thing set: each variable (a key masked), each file, the options."""
         lines = []
         for name, value in self.env.items():
-            if value is None:
+            if name in self.defaults and name in base:
+                lines.append(f"{name}={base[name]} (yours, kept)")
+            elif value is None:
                 if name in base:
                     lines.append(f"unset {name}")
             elif name in self.secrets:

@@ -1,6 +1,11 @@
 """A recording proxy for the coding-agent tests: it forwards every request to a coordinator
-unchanged (streams included) and keeps each request's method, path, status and JSON body, so
-a test can read what Claude Code or Codex sent.
+(streams included) and keeps each request's method, path, JSON body, status and whole answer,
+so a test can read what Claude Code or Codex sent and check what they got.
+
+It forwards each body unchanged but for its ``pins``: (pattern, replacement) pairs applied to
+the body's bytes, with which a test fixes what an agent writes of the day and the machine into
+its prompt (tests/e2e/test_agents.py says which and why); each exchange counts the pins that
+matched.
 
     python -m tests.e2e.agent_recorder --upstream http://127.0.0.1:8210 --port 8299 \
         --out requests.jsonl
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +39,8 @@ class Exchange:
     path: str
     body: Any  # the parsed JSON body, or None
     status: int = 0
-    answer: bytes = b""  # the answer's first bytes (an error's body whole)
+    answer: bytes = b""  # the answer, whole
+    pinned: int = 0  # how many pins matched in the body
 
 
 @dataclass
@@ -42,6 +49,7 @@ class Recorder:
 
     upstream: str
     out: Path | None = None
+    pins: tuple[tuple[re.Pattern[bytes], bytes], ...] = ()
     exchanges: list[Exchange] = field(default_factory=list)
     url: str = ""
     _loop: asyncio.AbstractEventLoop | None = None
@@ -73,7 +81,11 @@ class Recorder:
 
     def bodies(self, path: str) -> list[Any]:
         """The JSON bodies sent to ``path``, in order."""
-        return [exchange.body for exchange in list(self.exchanges) if exchange.path == path]
+        return [exchange.body for exchange in self.on(path)]
+
+    def on(self, path: str) -> list[Exchange]:
+        """The exchanges on ``path``, in order."""
+        return [exchange for exchange in list(self.exchanges) if exchange.path == path]
 
     async def _start(self, port: int = 0) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -94,11 +106,15 @@ class Recorder:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        pinned = 0
+        for pattern, replacement in self.pins:
+            raw, count = pattern.subn(replacement, raw)
+            pinned += count
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        exchange = Exchange(request.method, request.path, body)
+        exchange = Exchange(request.method, request.path, body, pinned=pinned)
         self.exchanges.append(exchange)
         self._log({"method": exchange.method, "path": exchange.path, "body": body})
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
@@ -109,8 +125,7 @@ class Recorder:
                 k: v for k, v in answer.headers.items() if k.lower() not in DROPPED})
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
-                if len(exchange.answer) < 65536:
-                    exchange.answer += chunk[:65536 - len(exchange.answer)]
+                exchange.answer += chunk
                 await response.write(chunk)
             await response.write_eof()
         self._log({"method": exchange.method, "path": exchange.path, "status": answer.status,

@@ -48,6 +48,20 @@ def test_claude_code_drops_an_anthropic_key_from_the_shell() -> None:
     assert "unset ANTHROPIC_API_KEY" not in launch.describe({})  # nothing to say
 
 
+def test_claude_code_keeps_an_answer_bound_the_caller_chose() -> None:
+    """The answer's bound is a tuning: the caller's own is kept (and said), launch's is set
+    where there is none; what points the agent at the daemon is launch's whatever the shell
+    says."""
+    launch = build("claude")
+    caller = {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256", "ANTHROPIC_BASE_URL": "https://elsewhere"}
+    merged = launch.environ(caller)
+    assert merged["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "256"
+    assert merged["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8210"
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS=256 (yours, kept)" in launch.describe(caller)
+    assert launch.environ({})["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS=8192" in launch.describe({})
+
+
 def test_codex_gets_a_responses_provider_on_its_command_line() -> None:
     launch = build("codex", "exec", "--skip-git-repo-check", "say hi")
     argv = launch.argv
