@@ -30,6 +30,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
+from ..slot_key import model_of
 from .records import MemberRecord, SlotRecord
 
 ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")
@@ -103,7 +104,7 @@ def scale_out(demand: Demand, members: Sequence[MemberRecord], local_id: str, no
 
 def _copy_of(key: str, model: str) -> bool:
     """Whether slot ``key`` is ``model`` or one of its replicas on one member."""
-    return key == model or key.startswith(model + "#")
+    return model_of(key) == model
 
 
 def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..scheduling.planner import Demand
+from ..slot_key import model_of
 from .owner import SlotOwner
 from .slot import ModelSlot, SlotState
 
@@ -46,8 +47,9 @@ class Replicas:
     def replicas(self, model_id: str) -> list[SlotOwner]:
         """The model's slot owners: the first replica (keyed by its id), then the others."""
         first = self.owners.get(model_id)
-        more = sorted((o for key, o in self.owners.items() if key.startswith(model_id + "#")
-                       and o.model_id == model_id), key=lambda o: o.slot.replica)
+        more = sorted((o for key, o in self.owners.items() if key != model_id
+                       and model_of(key) == model_id and o.model_id == model_id),
+                      key=lambda o: o.slot.replica)
         return ([first] if first is not None else []) + more
 
     def add_replica(self, model_id: str) -> SlotOwner:

@@ -15,6 +15,7 @@ from ..gpu.estimate import VramEstimate
 from ..gpu.lease import Lease
 from ..gpu.placement import Placement
 from ..scheduling.states import SlotState
+from ..slot_key import SlotKey, slot_key
 
 if TYPE_CHECKING:
     from ..backends.base import InferenceBackend
@@ -35,10 +36,6 @@ TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 }
 # States in which the slot's worker process exists.
 WITH_WORKER = frozenset({S.READY, S.DRAINING, S.OFFLOADING, S.OFFLOADED})
-
-
-def replica_key(model_id: str, replica: int) -> str:
-    return model_id if replica == 1 else f"{model_id}#{replica}"
 
 
 class IllegalTransition(ModelBossError):
@@ -88,9 +85,9 @@ class ModelSlot:
         return self.entry.manifest.id
 
     @property
-    def key(self) -> str:
+    def key(self) -> SlotKey:
         """Its name in the pool and on its lease: the model's id, ``id#n`` for replica n."""
-        return replica_key(self.model_id, self.replica)
+        return slot_key(self.model_id, self.replica)
 
     @property
     def parallel(self) -> int:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..slot_key import SlotKey
 from .clock import BusyShare
 from .figures import Figures
 from .row import UsageRow
@@ -18,6 +19,9 @@ class MeteredSlot(Protocol):
 
     @property
     def model_id(self) -> str: ...
+
+    @property
+    def key(self) -> SlotKey: ...
 
     @property
     def leased_mb(self) -> int: ...
@@ -43,35 +47,36 @@ class SlotTicket(Protocol):
 
 
 class Meter:
-    """A busy clock per model (:class:`~model_boss.usage.BusyShare`): requests served at once
-    split the time between them, so the GPU-seconds of all requests add up to the time the
-    slot was busy. A load (or an onload from RAM) is charged once, to the first request
-    granted after it: the one that was waiting for it."""
+    """A busy clock per slot, that is per copy of a model (:class:`~model_boss.usage.
+    BusyShare`): requests served at once on one copy split its time between them, so the
+    GPU-seconds of all requests add up to the time each copy was busy, however many copies
+    ran at once. A load (or an onload from RAM) is charged once, to the first request granted
+    on that copy after it: the one that was waiting for it."""
 
     def __init__(self, member: str = "") -> None:
         self.member = member
         self.on_row: Callable[[UsageRow], None] = lambda row: None  # the ledger's record
-        self._clocks: dict[str, BusyShare] = {}
-        self._charged: dict[str, float] = {}  # model -> the loaded_at already charged
-        self._running: dict[str, dict[int, SlotTicket]] = {}  # model -> its tickets, by token
+        self._clocks: dict[SlotKey, BusyShare] = {}
+        self._charged: dict[SlotKey, float] = {}  # copy -> the loaded_at already charged
+        self._running: dict[SlotKey, dict[int, SlotTicket]] = {}  # copy -> tickets, by token
 
-    def busy_s(self, model_id: str) -> float:
-        """How long ``model_id``'s slot has had at least one request, since the start."""
-        clock = self._clocks.get(model_id)
+    def busy_s(self, key: SlotKey | str) -> float:
+        """How long the copy ``key`` has had at least one request, since the start."""
+        clock = self._clocks.get(SlotKey(key))
         return clock.busy_s if clock is not None else 0.0
 
-    def running(self, model_id: str) -> list[SlotTicket]:
-        """The requests running on ``model_id``'s slot now (granted, not finished)."""
-        return list(self._running.get(model_id, {}).values())
+    def running(self, key: SlotKey | str) -> list[SlotTicket]:
+        """The requests running on the copy ``key`` now (granted, not finished)."""
+        return list(self._running.get(SlotKey(key), {}).values())
 
     def granted(self, ticket: SlotTicket, now: float | None = None) -> None:
         slot = ticket.slot
-        clock = self._clocks.setdefault(slot.model_id, BusyShare())
+        clock = self._clocks.setdefault(slot.key, BusyShare())
         ticket.metered = clock.enter(time.monotonic() if now is None else now)
-        self._running.setdefault(slot.model_id, {})[ticket.metered] = ticket
+        self._running.setdefault(slot.key, {})[ticket.metered] = ticket
         loaded_at = slot.loaded_at
-        if loaded_at is not None and self._charged.get(slot.model_id) != loaded_at:
-            self._charged[slot.model_id] = loaded_at
+        if loaded_at is not None and self._charged.get(slot.key) != loaded_at:
+            self._charged[slot.key] = loaded_at
             ticket.load_s = slot.ready_in_s
 
     def finished(self, ticket: SlotTicket, ok: bool, client_fault: bool, duration_s: float,
@@ -81,8 +86,8 @@ class Meter:
         slot, request, figures = ticket.slot, ticket.request, ticket.figures
         share = 0.0
         if ticket.metered is not None:
-            self._running.get(slot.model_id, {}).pop(ticket.metered, None)
-            share = self._clocks[slot.model_id].leave(
+            self._running.get(slot.key, {}).pop(ticket.metered, None)
+            share = self._clocks[slot.key].leave(
                 ticket.metered, time.monotonic() if now is None else now)
             ticket.metered = None
         gpu_s = share + ticket.load_s

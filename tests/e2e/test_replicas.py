@@ -91,7 +91,7 @@ SYSTEMS = [f"You are assistant number {n}. " + " ".join(
     f"Rule {n}.{i}: answer briefly and politely." for i in range(18)) for n in range(4)]
 
 
-def test_a_conversations_turns_land_on_one_replica_with_their_prefix_cached(
+def test_turns_stay_on_their_replica_cached_and_each_copy_bills_its_own_time(
         make_server, demo_gguf):
     server = make_server({"gpus": TWO_GPUS, "replica_scale_wait_s": 0.2},
                          [replicated(demo_gguf, replicas={"min": 2, "max": 2})])
@@ -116,6 +116,22 @@ def test_a_conversations_turns_land_on_one_replica_with_their_prefix_cached(
     rows = rows.get("requests", rows) if isinstance(rows, dict) else rows
     routed = [row for row in rows if row.get("replica")]
     assert routed and {row["route"] for row in routed} >= {"cached prefix"}, routed[:3]
+    # the bill of the same run: the turns alternated between the two warm copies, and two
+    # bursts keep both busy at once; each copy has its own busy clock and load mark, so the
+    # GPU-seconds less loads add up to the requests' own time (one at a time on each copy),
+    # and each copy's one load is charged once (per model, two copies at once were charged
+    # half their time each, and an alternating request the other copy's load again)
+    burst(server, 2, max_tokens=24)
+    burst(server, 2, max_tokens=24)
+    sent = 2 + 3 * len(SYSTEMS) + 4
+    billed = wait_for(lambda: next((row for row in httpx.get(
+        server.url + "/api/v1/usage", params={"group_by": "model"}).json()["rows"]
+        if row["requests"] == sent), None), timeout=20)
+    busy = billed["gpu_seconds"] - billed["load_seconds"]
+    assert busy == pytest.approx(billed["duration_s"], rel=0.05), billed
+    loads = [slot["last_load_s"] for slot in slots_by_key(server).values()]
+    assert len(loads) == 2 and billed["load_seconds"] == pytest.approx(sum(loads), abs=0.01), \
+        (billed, loads)
 
 
 def test_a_replica_killed_mid_stream_errors_and_the_next_turn_goes_to_the_survivor(
