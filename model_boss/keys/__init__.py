@@ -2,7 +2,14 @@
 (:mod:`.store`, :mod:`.record`), and what a key may do (:mod:`.policy`, :mod:`.windows`)."""
 
 from .exposure import exposure_warning
-from .identity import CURRENT_IDENTITY, Identity, identity_of, sees, with_identity
+from .identity import (
+    CURRENT_IDENTITY,
+    Identity,
+    end_user_label,
+    identity_of,
+    sees,
+    with_identity,
+)
 from .policy import (
     MinuteReading,
     endpoint_kind,
@@ -17,5 +24,5 @@ from .windows import MinuteWindows
 
 __all__ = ["ADMIN_KEY_NAME", "CURRENT_IDENTITY", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
            "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows", "endpoint_kind",
-           "exposure_warning", "floored_priority", "hash_secret", "identity_of",
+           "end_user_label", "exposure_warning", "floored_priority", "hash_secret", "identity_of",
            "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,27 @@ class Identity:
 # the identity of the request served in this context (the edge sets it for the request's
 # whole life; the serving path reads it where it parses the body)
 CURRENT_IDENTITY: ContextVar[Identity | None] = ContextVar("identity", default=None)
+
+
+LABEL_CHARS = 200  # the longest end user label kept
+# the fields of a label sent as a JSON object that name its user, best first (Claude Code's
+# metadata.user_id is {"device_id", "account_uuid", "session_id"} in a string)
+LABEL_FIELDS = ("user_id", "account_uuid", "session_id")
+
+
+def end_user_label(sent: str) -> str:
+    """The end user label a request's ``sent`` value makes: a JSON object in a string gives
+    its first non-empty ``LABEL_FIELDS`` value (not the whole blob); anything else is
+    itself. Cut to ``LABEL_CHARS``."""
+    if sent.startswith("{"):
+        try:
+            fields = json.loads(sent)
+        except ValueError:
+            fields = None
+        if isinstance(fields, dict):
+            sent = next((value for name in LABEL_FIELDS
+                         if isinstance(value := fields.get(name), str) and value), sent)
+    return sent[:LABEL_CHARS]
 
 
 def identity_of(scope: dict[str, Any]) -> Identity | None:

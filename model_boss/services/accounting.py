@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends.base import UpstreamResponse
 from ..errors import ModelBossError
+from ..keys import end_user_label
 from ..usage import Figures, UsageRow, outcome
 from .extensions import Extensions
 
@@ -51,7 +52,7 @@ def who(coord: Coordinator, ext: Extensions, body: dict[str, Any]) -> Who:
         user = body.get("user")
         named = ext.client_id if ext.client_id != identity.key else None
         end_user = named or (user if isinstance(user, str) else None) or identity.end_user
-        return Who(identity.key, profile, identity.key, (end_user or "")[:200])
+        return Who(identity.key, profile, identity.key, end_user_label(end_user or ""))
     client = ext.client_id or "anonymous"
     return Who(client, coord.settings.clients.get(client), "", ext.client_id or "")
 

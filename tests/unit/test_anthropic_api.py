@@ -4,6 +4,8 @@ client headers through the queue as on every route; and CORS for a configured or
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import orjson
 import pytest
@@ -118,6 +120,32 @@ async def test_task_and_client_headers_reach_the_queue(api, monkeypatch, where):
     assert response.headers["x-model-boss-model"] == "b"  # the task's first candidate
     # with keys, the queue counts the key; the client id is the end user's label under it
     assert seen == [("b", "helper", 1, "default", "ide")]
+
+
+CLAUDE_CODE_USER = json.dumps({"device_id": "d" * 64, "account_uuid": "",
+                               "session_id": "3f2b0c1e-0000-4000-8000-000000000000"})
+
+
+@pytest.mark.parametrize("sent, label", [
+    (CLAUDE_CODE_USER, "3f2b0c1e-0000-4000-8000-000000000000"),  # its session, not the blob
+    (json.dumps({"user_id": "ana", "session_id": "s1"}), "ana"),
+    ("{not json", "{not json"), ("ide", "ide")])
+async def test_an_end_user_sent_as_json_is_labelled_readably(api, monkeypatch, sent, label):
+    """Claude Code's ``metadata.user_id`` is a JSON object in a string: the end user label is
+    its ``user_id`` (or ``account_uuid``, or ``session_id``) field, not the whole blob."""
+    client, coord = api
+    seen = []
+    acquire = coord.queue.acquire
+
+    async def spy(request):
+        seen.append(request.end_user)
+        return await acquire(request)
+
+    monkeypatch.setattr(coord.queue, "acquire", spy)
+    body = {**message("b"), "metadata": {"user_id": sent}}
+    response = await client.post("/v1/messages", json=body, headers=USER)
+    assert response.status_code == 200, response.text
+    assert seen == [label]
 
 
 async def test_an_unknown_task_is_not_found(api):

@@ -22,6 +22,7 @@ from ...keys import (
     KeyRecord,
     KeyStore,
     MinuteWindows,
+    end_user_label,
     endpoint_kind,
     kind_in_scope,
     refusal,
@@ -79,7 +80,7 @@ def as_key(scope_headers: list[tuple[bytes, bytes]], key: str,
     for name, value in scope_headers:
         lowered = name.lower()
         if lowered == CLIENT_HEADER:
-            end_user = value.decode("latin-1")[:200]
+            end_user = end_user_label(value.decode("latin-1"))
         elif lowered != END_USER_HEADER:
             kept.append((name, value))
     return [*kept, (CLIENT_HEADER, key.encode())], end_user

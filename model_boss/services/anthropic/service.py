@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...catalog import BackendKind, ModelManifest
 from ...errors import ModelBossError
+from ...keys import end_user_label
 from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import Chunks, Served, WorkerCall
@@ -143,7 +144,7 @@ async def messages(coord: Coordinator, endpoint: str,
     data = request.model_dump(exclude_unset=True)
     user = (data.get("metadata") or {}).get("user_id")
     if user and "x_client_id" not in data:
-        data["x_client_id"] = user[:200]
+        data["x_client_id"] = end_user_label(user)
     ext = pop_extensions(data, headers)
     facts = AnswerFacts.of(data)
     if endpoint == MESSAGES and data.get("stream"):
