@@ -51,6 +51,16 @@ _GENERATED = re.compile(
     rb'"(?:completion_tokens|output_tokens|predicted_n|tokens_predicted|eval_count)"\s*:\s*(\d+)')
 
 
+# the last event of a whole answer in each protocol a stream speaks: OpenAI's [DONE], the
+# Responses API's response.completed, Anthropic's message_stop, Ollama's "done": true. A
+# client that goes once it has one had its whole answer.
+_LAST_EVENT = re.compile(rb'data: \[DONE\]|"type"\s*:\s*"(?:response\.completed|message_stop)"'
+                         rb'|"done"\s*:\s*true')
+# one generated token's event in each protocol: a chat chunk's or Anthropic's or the Responses
+# API's "delta", Ollama's "done": false line (a worker streams a token an event)
+_TOKEN_EVENT = re.compile(rb'"delta"\s*:|"done"\s*:\s*false')
+
+
 def tokens_in(body: bytes | None) -> int | None:
     """The tokens a whole answer says it generated; None when it says nothing."""
     found = _GENERATED.findall(body or b"")
@@ -109,19 +119,25 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
                 end: StreamEnd = openai_stream_end) -> AsyncIterator[bytes]:
     """Pass chunks through untouched; a failure mid-stream ends the stream with ``end`` (an
     SSE error + [DONE] in OpenAI's protocol). A client that goes away mid-stream is no
-    failure of the model."""
-    ok = gone = False
+    failure of the model, and one that goes after its answer's last event was sent had its
+    whole answer (``ok``). A stream that ends before it says what it generated is charged the
+    token events it relayed."""
+    ok = gone = whole = False
+    relayed = 0  # token events passed on
     try:
         async for chunk in chunks:
-            said = _GENERATED.findall(chunk) if isinstance(chunk, bytes) else None
-            if said:  # the last figure a stream gives is its whole count
-                ticket.tokens = int(said[-1])
             if isinstance(chunk, bytes):
+                said = _GENERATED.findall(chunk)
+                if said:  # the last figure a stream gives is its whole count
+                    ticket.tokens = int(said[-1])
                 ticket.figures.read(chunk)
+                relayed += len(_TOKEN_EVENT.findall(chunk))
             yield chunk
+            # back here only once the client took the chunk: a last event was delivered
+            whole = whole or (isinstance(chunk, bytes) and _LAST_EVENT.search(chunk) is not None)
         ok = True
     except (GeneratorExit, asyncio.CancelledError):
-        gone = True
+        ok, gone = whole, not whole
         raise
     except Exception as exc:
         if isinstance(exc, ModelBossError):
@@ -134,4 +150,8 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]
         finally:  # even when the close itself is cancelled
+            if ticket.tokens is None and relayed:
+                ticket.tokens = relayed
+            if not ticket.figures.completion_tokens:
+                ticket.figures.completion_tokens = ticket.tokens or 0
             ticket.release(ok=ok, client_fault=gone)
