@@ -108,6 +108,7 @@ class Ticket:
     def __init__(self) -> None:
         self.released: list[dict] = []
         self.figures = Figures()
+        self.tokens: int | None = None  # what the answer said it generated
 
     def release(self, ok: bool = True, client_fault: bool = False) -> None:
         self.released.append({"ok": ok, "client_fault": client_fault})
