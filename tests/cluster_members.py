@@ -21,7 +21,10 @@ def members_on_one_redis(tmp_path_factory, name: str, manifests: list[dict], con
         tmp_path_factory.mktemp(f"{name}-member-{host}"),
         {"redis_url": redis_server.url, "cluster": True, "host_id": host,
          "gpus": [{"index": 0, "name": f"sim-{host}", "vram_mb": 4096}], **config},
-        manifests, env={"MODEL_BOSS_CLUSTER_SECRET": secret}) for host in hosts}
+        manifests, env={"MODEL_BOSS_CLUSTER_SECRET": secret},
+        # where the members take an admin key, the helpers here send it
+        headers={"authorization": f"Bearer {config['admin_api_key']}"}
+        if "admin_api_key" in config else None) for host in hosts}
     try:
         for server in servers.values():
             server.start(60)
@@ -35,4 +38,4 @@ def members_on_one_redis(tmp_path_factory, name: str, manifests: list[dict], con
 
 
 def cluster(server: ServerProcess) -> dict:
-    return httpx.get(server.url + "/api/v1/cluster", timeout=10).json()
+    return httpx.get(server.url + "/api/v1/cluster", headers=server.headers, timeout=10).json()

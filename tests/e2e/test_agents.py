@@ -25,7 +25,8 @@ reaches, and no clock tool fakes the kernel's version. Each first request must c
 so a release that words them otherwise fails here, not by the calendar.
 
 The agents come from npm into .venv/agents (scripts/install_agents.sh, which scripts/test.sh
-and .ci/run run); the tests skip, naming what is missing, without them.
+and .ci/run run); the tests skip, naming what is missing, only where there is no npm to
+install them with: where npm is, an agent missing is a broken install, and fails.
 ``MODEL_BOSS_AGENTS_PREFIX=DIR`` runs the agents installed under DIR instead, whatever their
 versions (scripts/agents_latest.sh: the newest releases). ``MODEL_BOSS_RECORD_AGENTS=1`` saves
 each agent's first body, machine details scrubbed, to tests/data/agents/ (claude_code_first.json;
@@ -123,11 +124,13 @@ def version_problem(agent: str) -> str | None:
 
 
 def needs(agent: str) -> pytest.MarkDecorator:
+    """Skip only where the agent cannot be installed here (no npm): where npm is, the test
+    command installs it, and its absence is a broken install, which fails."""
     return pytest.mark.skipif(
-        installed(agent) is None,
-        reason=f"{agent} is not installed: scripts/test.sh installs {PACKAGES[agent]} into "
-               f".venv/agents when npm is there (npm install --prefix .venv/agents "
-               f"{PACKAGES[agent]})")
+        installed(agent) is None and shutil.which("npm") is None,
+        reason=f"{agent} is not installed and npm is not there to install it: with Node.js "
+               f"and npm, scripts/test.sh installs {PACKAGES[agent]} into .venv/agents "
+               f"(scripts/install_agents.sh)")
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +178,8 @@ def launch(agent: str, recorder: Recorder, places: dict[str, Path], *agent_args:
            tuning: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
     """``model-boss launch AGENT -- ARGS`` as a user types it, with ``tuning`` in the
     environment as a user exports it; its result and seconds."""
+    assert installed(agent), (f"{agent} is not installed though npm is: run "
+                              f"scripts/install_agents.sh ({PACKAGES[agent]})")
     assert version_problem(agent) is None, version_problem(agent)
     env = {name: value for name, value in os.environ.items() if not name.startswith(FOREIGN)}
     env.update(HOME=str(places["home"]), PATH=PATH, MODEL_BOSS_API_KEY=USER_KEY, TZ="UTC",

@@ -1,5 +1,7 @@
 """Keys and usage shared by two members over one real Redis (model_boss/cluster/tenants.py):
-a key made on one works on the other and its revocation reaches it; both members' usage
+a key made on one works on the other once its ``keys`` notice is handled there, and so does
+its revocation (the notice is called here; tests/e2e/test_cluster_keys_e2e.py lets Redis carry
+it between two real coordinators); both members' usage
 counts against the same quota counters and one query answers for both; a batch sent twice
 counts once; a Redis restarted empty gets its keys and counters back from the members."""
 

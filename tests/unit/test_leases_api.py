@@ -10,11 +10,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from model_boss.api.errors import install_error_handlers
 from model_boss.api.leases import router
 from model_boss.errors import (
     BadRequest,
     LeaseUnavailable,
-    ModelBossError,
     StoreUnavailable,
     Unauthorized,
 )
@@ -26,14 +26,12 @@ GPUS = [GPUInfo(0, "sim-a", 8_512, "declared"), GPUInfo(1, "sim-b", 4_512, "decl
 
 
 def lease_app(boss: GPUBoss, api_key: str | None = None) -> FastAPI:
-    """The lease router alone, with the error rendering the real app installs."""
+    """The lease router alone, with the error handlers the real app installs (a body that
+    fails validation is the app's 400, not FastAPI's own 422)."""
     app = FastAPI()
     app.include_router(router)
     app.state.boss = boss
-
-    @app.exception_handler(ModelBossError)
-    async def _render(_request: Request, exc: ModelBossError) -> JSONResponse:
-        return JSONResponse(exc.envelope(), status_code=exc.status_code, headers=exc.headers())
+    install_error_handlers(app)
 
     if api_key is not None:
         @app.middleware("http")
@@ -104,7 +102,8 @@ async def test_invalid_bodies_are_refused(daemon):
                  {"allocations": {"0": 0}}, {"allocations": {"-1": 10}}, {"allocations": {}},
                  {"vram_mb": 10, "allocations": {"0": 10}}, {"vram_mb": 10, "bogus": 1}):
         response = await client.post("/api/v1/leases", json=body)
-        assert response.status_code == 422, body
+        assert response.status_code == 400, body
+        assert response.json()["error"]["type"] == "invalid_request_error", response.text
     unknown = await client.post("/api/v1/leases", json={"vram_mb": 5, "gpu": 7})
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "gpu"
     missing = await client.post("/api/v1/leases", json={"kind": "training"})

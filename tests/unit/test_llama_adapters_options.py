@@ -13,7 +13,8 @@ BASE = ["--model", "m.gguf", "--port", "1"]
 
 
 def params(*flags: str):
-    pytest.importorskip("xllamacpp")
+    import xllamacpp  # noqa: F401  (the llama extra: absent is a broken install)
+
     from workers.llama import to_params
 
     return to_params(parse_args([*BASE, *flags]))
@@ -71,7 +72,7 @@ def test_with_adapters_the_ram_prompt_cache_is_off():
 
 
 def test_a_draft_model_turns_on_draft_speculation_with_its_settings():
-    xllamacpp = pytest.importorskip("xllamacpp")
+    import xllamacpp  # the llama extra, which the test command installs: absent is broken
     options = parse_args([*BASE, "--threads", "3", "-md", "d.gguf", "--draft-max", "8",
                           "--draft-min", "2", "--draft-p-min", "0.5", "-ngld", "5"])
     assert options.draft == DraftModel("d.gguf", 8, 2, 0.5, 5, 3)
@@ -94,7 +95,7 @@ def test_llama_servers_draft_aliases_are_taken():
 
 
 def test_an_unset_draft_setting_is_llama_cpps_own_and_a_cpu_model_keeps_its_draft_off_gpu():
-    xllamacpp = pytest.importorskip("xllamacpp")
+    import xllamacpp  # the llama extra, which the test command installs: absent is broken
     defaults = xllamacpp.CommonParams().speculative.draft
     p = params("-ngl", "12", "-md", "d.gguf")
     draft = p.speculative.draft
@@ -106,7 +107,7 @@ def test_an_unset_draft_setting_is_llama_cpps_own_and_a_cpu_model_keeps_its_draf
 
 
 def test_without_a_draft_model_nothing_is_speculated():
-    xllamacpp = pytest.importorskip("xllamacpp")
+    import xllamacpp  # the llama extra, which the test command installs: absent is broken
     p = params()
     assert p.speculative.draft.mparams.path == "" and p.lora_adapters == []
     assert p.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]
