@@ -267,18 +267,29 @@ BAD = [
 ]
 
 
+def loads(server) -> dict[str, tuple[int, str]]:
+    """Each model's slot: the loads it has had and its state."""
+    return {s["key"]: (s["loads"], s["state"]) for s in server.status()["slots"]}
+
+
 @pytest.mark.parametrize("what, change, param", BAD, ids=[b[0] for b in BAD])
 def test_bad_pictures_are_400_before_any_load(server, what, change, param):
     files = {"image": ("in.png", png(picture()), "image/png")}
     data = {"model": "tiny-sd", "prompt": "x"}
     for name, value in change.items():
         (files if isinstance(value, tuple) else data)[name] = value
+    before = loads(server)
     answer = httpx.post(server.url + "/v1/images/edits", files=files, data=data, timeout=60)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param, error
     assert "Traceback" not in error["message"] and "/tmp/" not in error["message"]
-    assert "plain-sd" not in {s["model"] for s in server.status()["slots"]}
+    # no load of the model it named (loaded by an earlier test or not), nor of any other:
+    # every slot has had the loads it had, and none is loading
+    after = loads(server)
+    assert all(count == before.get(key, (0, ""))[0] for key, (count, _) in after.items()), \
+        (before, after)
+    assert not any(state == "loading" for _, state in after.values()), after
 
 
 def test_an_upload_past_max_upload_bytes_is_413(server):
