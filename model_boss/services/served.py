@@ -120,8 +120,8 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
     """Pass chunks through untouched; a failure mid-stream ends the stream with ``end`` (an
     SSE error + [DONE] in OpenAI's protocol). A client that goes away mid-stream is no
     failure of the model, and one that goes after its answer's last event was sent had its
-    whole answer (``ok``). A stream that ends before it says what it generated is charged the
-    token events it relayed."""
+    whole answer (``ok``). A client that goes before its stream said what it generated is
+    charged the token events relayed to it (a whole stream is charged what it said)."""
     ok = gone = whole = False
     relayed = 0  # token events passed on
     try:
@@ -150,8 +150,8 @@ async def relay(chunks: AsyncIterator[bytes], ticket: SlotTicket, model_id: str,
             with contextlib.suppress(Exception):
                 await chunks.aclose()  # type: ignore[attr-defined]
         finally:  # even when the close itself is cancelled
-            if ticket.tokens is None and relayed:
+            if gone and ticket.tokens is None and relayed:  # cut before it said its count
                 ticket.tokens = relayed
-            if not ticket.figures.completion_tokens:
+            if gone and not ticket.figures.completion_tokens:
                 ticket.figures.completion_tokens = ticket.tokens or 0
             ticket.release(ok=ok, client_fault=gone)
