@@ -30,6 +30,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
+from ..scheduling.replicas.choice import prefix_holder
 from ..slot_key import model_of
 from .records import MemberRecord, SlotRecord
 
@@ -150,17 +151,9 @@ def _holder(model: str, ranked: list[tuple[MemberRecord, SlotRecord]],
     requests busier than the least loaded, with how many blocks it holds; None: no such."""
     if not prefix:
         return None
-    best, most = None, 0
-    for member, slot in ranked:  # in the load order: the first of equal matches wins
-        cached = matched(member.prefixes.get(model, ()), prefix)
-        if cached > most:
-            best, most = (member, slot), cached
-    if best is None:
-        return None
-    least = min(slot.queued + slot.active for _, slot in ranked)
-    if best[1].queued + best[1].active - least > slack:
-        return None
-    return best[0], most
+    # in the load order: the first of equal matches wins
+    return prefix_holder([(member, matched(member.prefixes.get(model, ()), prefix),
+                           slot.queued + slot.active) for member, slot in ranked], slack)
 
 
 def where_cold(demand: Demand, members: Sequence[MemberRecord], local_id: str,

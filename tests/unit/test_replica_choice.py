@@ -178,3 +178,23 @@ def test_requests_left_waiting_for_a_replica_count_as_its_queue_within_a_pass():
     assert [ask(), ask(), ask()] == [None, None, "b"]
     router.begin_pass()
     assert ask() is None
+
+
+# the one prefix-and-slack rule replicas and cluster members share: (candidates as
+# (name, cached blocks, load) in preference order, slack, the holder chosen or None)
+HOLDERS = [
+    ("most blocks wins", [("a", 1, 0), ("b", 3, 1)], 2, ("b", 3)),
+    ("the first of equals", [("a", 2, 0), ("b", 2, 0)], 2, ("a", 2)),
+    ("none holds any", [("a", 0, 0), ("b", 0, 5)], 2, None),
+    ("within the slack", [("a", 0, 0), ("b", 4, 2)], 2, ("b", 4)),
+    ("beyond the slack", [("a", 0, 0), ("b", 4, 3)], 2, None),
+    ("the least loaded is the holder", [("a", 5, 0), ("b", 1, 9)], 0, ("a", 5)),
+]
+
+
+@pytest.mark.parametrize("candidates, slack, wanted", [h[1:] for h in HOLDERS],
+                         ids=[h[0] for h in HOLDERS])
+def test_the_prefix_holder_rule(candidates, slack, wanted) -> None:
+    from model_boss.scheduling.replicas.choice import prefix_holder
+
+    assert prefix_holder(candidates, slack) == wanted

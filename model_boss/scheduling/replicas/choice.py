@@ -9,9 +9,29 @@ running there and waiting for it) is more than ``slack`` beyond the least loaded
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..states import SlotState
+
+T = TypeVar("T")
+
+
+def prefix_holder(candidates: Sequence[tuple[T, int, int]], slack: int) -> tuple[T, int] | None:
+    """The one rule replicas and cluster members are chosen by for a prompt's cache: of
+    ``candidates`` (each ``(item, cached blocks, load)``, in the caller's order of preference),
+    the one holding most of the prompt's blocks (the first of equals), with its blocks; None
+    when none holds any, or when that one's load is more than ``slack`` beyond the least
+    loaded candidate's (it would queue behind work an idle one would not)."""
+    best: tuple[T, int, int] | None = None
+    for candidate in candidates:
+        if candidate[1] > (best[1] if best is not None else 0):
+            best = candidate
+    if best is None:
+        return None
+    least = min(load for _, _, load in candidates)
+    return (best[0], best[1]) if best[2] - least <= slack else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +80,14 @@ def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
         preferred, why = None, ""
         by_session = next((r for r in ready if r.key == session_replica), None)
         if by_session is not None:
-            preferred, why = by_session, "session"
+            if by_session.load - least.load <= slack:
+                preferred, why = by_session, "session"
         else:
-            best = max(ready, key=lambda r: (r.cached_blocks, -r.load))
-            if best.cached_blocks > 0:
-                preferred, why = best, "cached prefix"
-        if preferred is not None and preferred.load - least.load <= slack:
+            held = prefix_holder([(r, r.cached_blocks, r.load)
+                                  for r in sorted(ready, key=lambda r: r.load)], slack)
+            if held is not None:
+                preferred, why = held[0], "cached prefix"
+        if preferred is not None:
             if preferred.room:
                 return Route(preferred.key, why, preferred.cached_blocks)
             return Route(None, f"waits for its replica ({why})", preferred.cached_blocks,
