@@ -9,8 +9,9 @@ import io
 import pytest
 
 from workers.diffusers.errors import InvalidRequest
+from workers.diffusers.media.pictures import decode_picture
 from workers.diffusers.options import parse_args
-from workers.diffusers.references import adapter_files, decode_reference
+from workers.diffusers.references import adapter_files
 
 
 def _folder(tmp_path, *names: str, encoder: bool = True):
@@ -75,25 +76,39 @@ def _encoded(fmt: str, mode: str = "RGBA") -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+# the one picture decoder of the worker: an edit's picture and mask, a reference, a video's
+# first frame
 @pytest.mark.parametrize("fmt, mode", [("PNG", "RGBA"), ("JPEG", "L"), ("WEBP", "RGB")])
-def test_references_decode_to_rgb(fmt, mode):
-    image = decode_reference(_encoded(fmt, mode), 0)
+def test_pictures_decode_to_the_mode_asked(fmt, mode):
+    image = decode_picture(_encoded(fmt, mode), "reference_images.0")
     assert image.mode == "RGB" and image.size == (5, 3)
+    assert decode_picture(_encoded(fmt, mode), "mask", "L").mode == "L"
 
 
 def test_a_data_url_with_line_breaks():
     data = _encoded("PNG")
     wrapped = "\n".join(data[i:i + 20] for i in range(0, len(data), 20))
-    assert decode_reference("data:image/png;base64," + wrapped, 2).size == (5, 3)
+    assert decode_picture("data:image/png;base64," + wrapped, "image").size == (5, 3)
 
 
+@pytest.mark.parametrize("param", ["image", "mask", "reference_images.3"])
 @pytest.mark.parametrize("data, reason", [
     ("%%%", "not base64"),
     (base64.b64encode(b"text").decode(), "not a PNG, JPEG or WebP image"),
     (_encoded("GIF", "P"), "not a PNG, JPEG or WebP image"),
+    (_encoded("PNG")[:40], "not a PNG, JPEG or WebP image"),  # cut short
 ])
-def test_what_is_not_a_reference(data, reason):
+def test_what_is_not_a_picture(data, reason, param):
     with pytest.raises(InvalidRequest) as caught:
-        decode_reference(data, 3)
-    assert caught.value.param == "reference_images.3" and caught.value.status == 400
-    assert str(caught.value).startswith(f"reference_images.3: {reason}")
+        decode_picture(data, param)
+    assert caught.value.param == param and caught.value.status == 400
+    assert str(caught.value).startswith(f"{param}: not a picture") and reason in str(caught.value)
+
+
+def test_a_decompression_bomb_is_refused(monkeypatch):
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4)  # 5x3 is past twice that: a bomb here
+    with pytest.raises(InvalidRequest) as caught:
+        decode_picture(_encoded("PNG"), "image")
+    assert "DecompressionBombError" in str(caught.value) and caught.value.param == "image"

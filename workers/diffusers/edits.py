@@ -13,15 +13,14 @@ repainted, black kept)."""
 
 from __future__ import annotations
 
-import base64
 import inspect
-import io
 import math
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidRequest
+from .media.pictures import decode_picture
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,31 +65,18 @@ def _derive(base: Any, inpaint: bool) -> EditPipeline:
     return EditPipeline(pipe, frozenset(inspect.signature(pipe.__call__).parameters))
 
 
-def decode_png(data: str, param: str, mode: str) -> Any:
-    """A base64 picture as a PIL image in ``mode``; a 400 naming ``param`` otherwise."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
-        image.load()
-    except (ValueError, OSError, UnidentifiedImageError):
-        raise InvalidRequest(f"{param}: not a picture (send a base64 PNG, JPEG or WebP)",
-                             param=param) from None
-    return image.convert(mode)
-
-
 def edit_kwargs(image: str, mask: str | None, strength: float, width: int,
                 height: int) -> dict[str, Any]:
     """The edit's own arguments: the picture at the asked size, the mask at the same size
     (nearest neighbour: a mask stays a mask), the strength."""
     from PIL import Image
 
-    picture = decode_png(image, "image", "RGB")
+    picture = decode_picture(image, "image", "RGB")
     if picture.size != (width, height):
         picture = picture.resize((width, height), Image.Resampling.LANCZOS)
     kwargs: dict[str, Any] = {"image": picture, "strength": strength}
     if mask is not None:
-        painted = decode_png(mask, "mask", "L")
+        painted = decode_picture(mask, "mask", "L")
         if painted.size != (width, height):
             painted = painted.resize((width, height), Image.Resampling.NEAREST)
         kwargs["mask_image"] = painted

@@ -16,21 +16,18 @@ model without the adapter.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import InvalidRequest
+from .media.pictures import decode_picture
 from .schemas import GenerateRequest
 
 log = logging.getLogger(__name__)
 
 ADAPTER_SUFFIXES = (".safetensors", ".bin")
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")  # what a reference may be; PIL reads the format itself
 MANIFEST_FIELD = "ip_adapter"  # where a model's manifest names its adapter (the coordinator's)
 
 
@@ -140,27 +137,10 @@ def reference_kwargs(loaded: Referenced, req: GenerateRequest) -> dict[str, Any]
             "reference_images: this model has no IP-Adapter, so it cannot take reference "
             f"images; give the model one in its manifest's '{MANIFEST_FIELD}' field",
             param="reference_images")
-    images = [decode_reference(data, index) for index, data in enumerate(req.reference_images)]
+    images = [decode_picture(data, f"reference_images.{index}")
+              for index, data in enumerate(req.reference_images)]
     loaded.pipe.set_ip_adapter_scale(req.reference_strength)
     return {"ip_adapter_image": [images]}  # one adapter: one list of its images
-
-
-def decode_reference(data: str, index: int) -> Any:
-    """One base64 PNG / JPEG / WebP (a ``data:`` URL too) as a PIL RGB image;
-    ``InvalidRequest`` naming ``reference_images.<index>`` when it is not one."""
-    from PIL import Image
-
-    param = f"reference_images.{index}"
-    raw = data.split(",", 1)[1] if data.startswith("data:") else data
-    try:
-        blob = base64.b64decode("".join(raw.split()), validate=True)
-        with Image.open(io.BytesIO(blob), formats=IMAGE_FORMATS) as image:
-            image.load()  # a truncated file fails here, not mid-generation
-            return image.convert("RGB")
-    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError) as exc:
-        reason = "not base64" if isinstance(exc, binascii.Error) else \
-            f"not a PNG, JPEG or WebP image ({type(exc).__name__})"
-        raise InvalidRequest(f"{param}: {reason}", param=param) from None
 
 
 def neutral_embeds(pipe: Any, guidance: float) -> list[Any]:

@@ -13,9 +13,7 @@ A LoRA adapter the request names is on for its pipeline call only, as for an ima
 from __future__ import annotations
 
 import base64
-import binascii
 import gc
-import io
 import logging
 import math
 import os
@@ -40,6 +38,7 @@ from .media import (
     takes_image,
     video_codec,
 )
+from .media.pictures import decode_picture
 from .memory import Offload
 from .schemas import AdapterName, Prompt, RequestId, Side
 
@@ -131,7 +130,7 @@ def plan_video(loaded: LoadedPipeline, req: VideoRequest) -> VideoPlan:
     if req.image is not None and not takes_image(name) and "image" not in loaded.call_params:
         raise InvalidRequest(f"image: {name} makes videos from text; it takes no input image",
                              param="image")
-    image = _decode_image(req.image) if req.image is not None else None
+    image = decode_picture(req.image, "image") if req.image is not None else None
     return VideoPlan(frames_for(req.frames, temporal_ratio(loaded.pipe)), image)
 
 
@@ -224,20 +223,6 @@ def _frames_uint8(output: Any) -> Any:
     if video.dtype != np.uint8:
         video = (video.clip(0, 1) * 255).round().astype(np.uint8)
     return video
-
-
-def _decode_image(data: str) -> Any:
-    """A base64 picture (a ``data:`` URL too) as an RGB PIL image; a 400 on ``image`` else."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        raw = base64.b64decode("".join(data.split(",", 1)[-1].split()), validate=True)
-        image = Image.open(io.BytesIO(raw))
-        image.load()
-    except (binascii.Error, ValueError, OSError, UnidentifiedImageError):
-        raise InvalidRequest("image: not a picture (send a base64 PNG, JPEG or WebP)",
-                             param="image") from None
-    return image.convert("RGB")
 
 
 def _first_int(pipe: Any, names: tuple[str, ...], default: int) -> int:
