@@ -30,10 +30,10 @@ from ..services import (
 )
 from ..services.media.audio import TRANSCRIPTIONS, TRANSLATIONS, Upload, transcription_body
 from ..services.redact import redact
-from ..services.responses import ADAPTER as RESPONSES_ADAPTER
+from ..services.responses import DIALECT as RESPONSES_DIALECT
 from ..services.responses import RESPONSES
 from ..services.schemas import OpenAIRequest, RerankRequest
-from ..services.served import Adapter
+from ..services.served import Dialect
 from ..slots.slot import SlotState
 from . import anthropic
 from .context import coordinator_of, disconnect_watch, to_response
@@ -115,13 +115,13 @@ def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
 
 
 async def serve_body(request: Request, endpoint: str, body: OpenAIRequest,
-                     adapter: Adapter | None = None) -> Response:
+                     dialect: Dialect | None = None) -> Response:
     """Serve a parsed body on ``endpoint`` (the worker's path for it)."""
     data = body.model_dump(exclude_unset=True)
     ext = pop_extensions(data, request.headers)
     async with disconnect_watch(request) as gone:
         served = await serve_streaming(coordinator_of(request), endpoint, data, ext,
-                                       disconnected=gone, adapter=adapter)
+                                       disconnected=gone, dialect=dialect)
     return to_response(served)
 
 
@@ -158,7 +158,7 @@ async def responses(request: Request, body: ResponsesRequest) -> Response:
     """A response, whole or streamed: every event numbered (``sequence_number``) and indexed
     (``output_index``, ``content_index``), reasoning as ``reasoning`` items; a
     ``prompt_cache_key`` keeps a session on one llama.cpp slot where it can."""
-    return await serve_body(request, RESPONSES, body, RESPONSES_ADAPTER)
+    return await serve_body(request, RESPONSES, body, RESPONSES_DIALECT)
 
 
 @router.post("/v1/audio/speech")

@@ -136,11 +136,11 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
             return await make_video(coord, job, clip, ext, on_dispatch)
     body["stream"] = False
     return await serve(coord, job.endpoint, body, ext, on_dispatch=on_dispatch,
-                       adapter=TokenCount(report))
+                       dialect=TokenCount(report))
 
 
 class TokenCount:
-    """The adapter of a job's request: a chat or text completion that can be put together
+    """The dialect of a job's request: a chat or text completion that can be put together
     from its stream (one choice) is asked as one, its tokens counted as they pass, and
     gathered whole before its slot is given back; anything else goes as it came."""
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cancel import Departure
 from .extensions import Extensions
-from .served import MODEL_HEADER, Adapter, Served, openai_stream_end
+from .served import MODEL_HEADER, Dialect, Served, openai_stream_end
 from .serving import discard, serve
 
 if TYPE_CHECKING:
@@ -34,16 +34,16 @@ KEEPALIVE_S = 2.0
 
 async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any],
                           ext: Extensions, *, disconnected: Departure | None = None,
-                          adapter: Adapter | None = None) -> Served:
+                          dialect: Dialect | None = None) -> Served:
     """:func:`serve`, and for ``stream: true`` the comment lines above while a load runs."""
     if not body.get("stream"):
         return await serve(coord, endpoint, body, ext, disconnected=disconnected,
-                           adapter=adapter)
+                           dialect=dialect)
     ext.request_id = ext.request_id or "req-" + uuid.uuid4().hex[:16]
     rid = ext.request_id
     feed = coord.events.subscribe()
     work = asyncio.ensure_future(serve(coord, endpoint, body, ext, disconnected=disconnected,
-                                       adapter=adapter))
+                                       dialect=dialect))
     after_s = coord.settings.load_comments_after_s  # a shorter load is as if none
     seen: tuple[str, float] | None = None  # the model it waits on a load of, since when
     try:
@@ -66,7 +66,7 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
     assert line is not None and model is not None
     started: list[bool] = []
     chunks = _comments_then(coord, work, feed, rid, line, started,
-                            adapter.stream_end if adapter else openai_stream_end)
+                            dialect.stream_end if dialect else openai_stream_end)
     # a stream dropped before its first chunk (the client went as the answer began) runs no
     # clean-up of its own: then the request is cancelled when the stream is collected
     weakref.finalize(chunks, _never_streamed, coord, work, feed, started).atexit = False

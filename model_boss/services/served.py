@@ -95,7 +95,7 @@ class WorkerCall:
     settled: Callable[[], None] | None = None
 
 
-class Adapter(Protocol):
+class Dialect(Protocol):
     """A route's API spoken to workers that may speak another: which call a worker gets (its
     own API when it speaks the route's, else a translation), and how a stream ends on a
     failure. Without one, a request reaches the worker as it came."""

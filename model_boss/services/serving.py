@@ -46,7 +46,7 @@ from .served import (
     MODEL_HEADER,
     REPLICA_HEADER,
     WAIT_HEADER,
-    Adapter,
+    Dialect,
     Served,
     WorkerCall,
     discard,
@@ -73,14 +73,14 @@ LOAD_ONLY = "load"
 
 async def serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions, *,
                 disconnected: Departure | None = None,
-                on_dispatch: Dispatched | None = None, adapter: Adapter | None = None) -> Served:
+                on_dispatch: Dispatched | None = None, dialect: Dialect | None = None) -> Served:
     """Route ``body`` and serve it. ``disconnected`` (set when the caller goes away) cancels
-    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it); ``adapter``
+    the work; ``on_dispatch`` is told when a slot has been granted (jobs use it); ``dialect``
     speaks the route's API to the worker that serves it (else the body goes as it came).
     Every error leaves with its message redacted (no worker traceback, file path or
     address)."""
     try:
-        return await _serve(coord, endpoint, body, ext, disconnected, on_dispatch, adapter)
+        return await _serve(coord, endpoint, body, ext, disconnected, on_dispatch, dialect)
     except ModelBossError as exc:
         redacted(exc)
         raise
@@ -140,7 +140,7 @@ def _refusal(coord: Coordinator, model_id: str, endpoint: str,
 
 async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: Extensions,
                  disconnected: Departure | None, on_dispatch: Dispatched | None,
-                 adapter: Adapter | None) -> Served:
+                 dialect: Dialect | None) -> Served:
     settings = coord.settings
     plan, asker, body = await _route(coord, body, ext)
     profile = asker.profile
@@ -182,7 +182,7 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             queued.request_id = ext.request_id
         try:
             return await _serve_on(coord, queued, dict(served_body, model=served_id), ext,
-                                   disconnected, on_dispatch, adapter)
+                                   disconnected, on_dispatch, dialect)
         except FALLBACK_ERRORS as exc:
             last_error = exc
             if position + 1 >= len(plan.candidates):
@@ -291,18 +291,18 @@ def _think(body: dict[str, Any], endpoint: str, thinking: bool | None) -> None:
 
 async def _serve_on(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
                     ext: Extensions, disconnected: Departure | None,
-                    on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
+                    on_dispatch: Dispatched | None, dialect: Dialect | None) -> Served:
     if coord.cluster is None:
-        return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch, adapter)
+        return await _serve_here(coord, queued, body, ext, disconnected, on_dispatch, dialect)
     return await unless_disconnected(disconnected, serve_clustered(
         coord, queued, body, ext,
-        lambda: _serve_here(coord, queued, body, ext, disconnected, on_dispatch, adapter),
-        adapter.stream_end if adapter else openai_stream_end))
+        lambda: _serve_here(coord, queued, body, ext, disconnected, on_dispatch, dialect),
+        dialect.stream_end if dialect else openai_stream_end))
 
 
 async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str, Any],
                       ext: Extensions, disconnected: Departure | None,
-                      on_dispatch: Dispatched | None, adapter: Adapter | None) -> Served:
+                      on_dispatch: Dispatched | None, dialect: Dialect | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
     try:
         ticket: SlotTicket = await unless_disconnected(disconnected,
@@ -323,7 +323,7 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
     try:
         if backend is None:
             raise WorkerCrashed(f"'{manifest.id}' lost its worker before the request ran")
-        call = (adapter.call(backend, manifest.id, queued.endpoint, body) if adapter
+        call = (dialect.call(backend, manifest.id, queued.endpoint, body) if dialect
                 else WorkerCall(queued.endpoint, body))
         ticket.settled += [call.settled] if call.settled else []
         _think(call.body, call.endpoint, ext.thinking if ext.thinking is not None
@@ -351,7 +351,7 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
                       upstream.headers.get("content-type", "application/json"), body=answer)
     chunks = call.chunks(upstream.stream) if call.chunks else upstream.stream
     relayed = relay(chunks, ticket, manifest.id,
-                    adapter.stream_end if adapter else openai_stream_end)
+                    dialect.stream_end if dialect else openai_stream_end)
     # a stream the server never starts (the client went as the answer began) runs no clean-up
     # of its own: its slot is given back when it is collected
     weakref.finalize(relayed, _never_started, coord, chunks, ticket).atexit = False

@@ -29,7 +29,7 @@ from model_boss.services.anthropic.answers import (
     usage,
 )
 from model_boss.services.anthropic.schemas import MessagesRequest
-from model_boss.services.anthropic.service import SYSTEM_TURNS, MessagesAdapter
+from model_boss.services.anthropic.service import SYSTEM_TURNS, MessagesDialect
 from model_boss.services.anthropic.system_turns import (
     FOLD_CLOSE,
     FOLD_OPEN,
@@ -78,10 +78,10 @@ def parse_manifest(model_id: str, backend: str, thinking: bool | None) -> Any:
                          parallel=2, thinking=thinking, **extra)
 
 
-def adapter(body: dict[str, Any], backend: str = "llama-server",
-            memory: SystemTurnMemory | None = None) -> MessagesAdapter:
+def dialect(body: dict[str, Any], backend: str = "llama-server",
+            memory: SystemTurnMemory | None = None) -> MessagesDialect:
     coord = type("Coord", (), {"catalog": _Catalog(backend)})()
-    return MessagesAdapter(AnswerFacts.of(body), coord,  # type: ignore[arg-type]
+    return MessagesDialect(AnswerFacts.of(body), coord,  # type: ignore[arg-type]
                            memory=memory or SystemTurnMemory())
 
 
@@ -94,7 +94,7 @@ def roles(messages: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("path", BODIES, ids=lambda p: p.stem)
 def test_a_recorded_body_goes_to_llama_cpp_as_its_template_takes_it(path: Path) -> None:
     body = validated(path)
-    sent = adapter(body).worker_body(body, "a")
+    sent = dialect(body).worker_body(body, "a")
     # system turns that open the conversation join the top-level system; later ones stay
     lead = next(i for i, m in enumerate(body["messages"]) if m["role"] != "system")
     assert sent["messages"] == body["messages"][lead:]
@@ -114,7 +114,7 @@ def test_a_recorded_body_folds_for_a_template_that_refuses_system_turns(path: Pa
     body = validated(path)
     memory = SystemTurnMemory()
     memory.learn("a")
-    sent = adapter(body, memory=memory).worker_body(body, "a")
+    sent = dialect(body, memory=memory).worker_body(body, "a")
     said = roles(sent["messages"])
     assert "system" not in said
     assert all(a != b for a, b in zip(said, said[1:], strict=False)), said  # alternating
@@ -127,7 +127,7 @@ def test_a_recorded_body_folds_for_a_template_that_refuses_system_turns(path: Pa
 @pytest.mark.parametrize("path", BODIES, ids=lambda p: p.stem)
 def test_a_recorded_body_translates_to_chat(path: Path) -> None:
     body = validated(path)
-    chat = to_chat(adapter(body, backend="cloud").worker_body(body, "a"))
+    chat = to_chat(dialect(body, backend="cloud").worker_body(body, "a"))
     assert not ANTHROPIC_ONLY & set(chat)
     assert set(roles(chat["messages"])) <= {"system", "user", "assistant", "tool"}
     assert chat["messages"][0]["role"] == "system" if body.get("system") else True
@@ -220,7 +220,7 @@ def test_server_tools_are_taken_and_not_offered() -> None:
     body = parse(MessagesRequest, {"model": "a", "max_tokens": 5, "messages": [U], "tools": [
         {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}],
         "tool_choice": {"type": "auto"}}).model_dump(exclude_unset=True)
-    sent = adapter(body).worker_body(body, "a")
+    sent = dialect(body).worker_body(body, "a")
     assert "tools" not in sent and "tool_choice" not in sent
     with pytest.raises(Exception, match="input_schema"):
         parse(MessagesRequest, {"model": "a", "max_tokens": 5, "messages": [U],

@@ -15,9 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...coordinator import Coordinator
 from ...errors import ModelBossError
-from ...services.anthropic.service import ADAPTER as ANTHROPIC
+from ...services.anthropic.service import DIALECT as ANTHROPIC
 from ...services.ollama.stream import error_line
-from ...services.responses import ADAPTER as RESPONSES
+from ...services.responses import DIALECT as RESPONSES
 from ...services.served import StreamEnd, openai_stream_end
 from ...slots.drain import InFlight, ShuttingDown
 from ..anthropic import is_anthropic_path

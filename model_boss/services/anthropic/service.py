@@ -51,7 +51,7 @@ def speaks_anthropic(backend: Any) -> bool:
     return bool(getattr(backend, "speaks_anthropic", False))
 
 
-class MessagesAdapter:
+class MessagesDialect:
     """Anthropic's API to the worker that serves one request (see the module's docstring);
     it notes which model that was."""
 
@@ -126,14 +126,14 @@ class MessagesAdapter:
 
 
 class StreamEnds:
-    """How a Messages stream ends on a failure where no request's adapter is at hand (the
+    """How a Messages stream ends on a failure where no request's dialect is at hand (the
     edge ending a stream the drain cut): its ``error`` event."""
 
     def stream_end(self, exc: Exception) -> bytes:
         return error_event(exc)
 
 
-ADAPTER = StreamEnds()
+DIALECT = StreamEnds()
 
 
 async def messages(coord: Coordinator, endpoint: str,
@@ -157,25 +157,25 @@ async def messages(coord: Coordinator, endpoint: str,
 
 async def _serve(coord: Coordinator, endpoint: str, data: dict[str, Any], ext: Extensions,
                  disconnected: Departure | None, facts: AnswerFacts) -> Served:
-    """:func:`serve` with this request's adapter; a template that refuses a system turn is
+    """:func:`serve` with this request's dialect; a template that refuses a system turn is
     remembered and the request served again with its system turns folded. Errors leave in
     Anthropic's words."""
-    adapter = MessagesAdapter(facts, coord, ext.thinking)
+    dialect = MessagesDialect(facts, coord, ext.thinking)
     try:
         try:
             return await serve(coord, endpoint, data, ext, disconnected=disconnected,
-                               adapter=adapter)
+                               dialect=dialect)
         except ModelBossError as exc:
-            if adapter.model_id is None or SYSTEM_TURNS.refuses(adapter.model_id) \
+            if dialect.model_id is None or SYSTEM_TURNS.refuses(dialect.model_id) \
                     or not has_system_turns(lift_leading(data)) \
                     or not refuses_system_turns(exc):
                 raise  # not a system turn refused, or refused folded too
-            SYSTEM_TURNS.learn(adapter.model_id)
-            adapter = MessagesAdapter(facts, coord, ext.thinking)
+            SYSTEM_TURNS.learn(dialect.model_id)
+            dialect = MessagesDialect(facts, coord, ext.thinking)
             return await serve(coord, endpoint, data, ext, disconnected=disconnected,
-                               adapter=adapter)
+                               dialect=dialect)
     except ModelBossError as exc:
-        in_anthropic_words(exc, adapter.model_id, adapter.manifest_of)
+        in_anthropic_words(exc, dialect.model_id, dialect.manifest_of)
         raise
 
 

@@ -3,15 +3,15 @@ server answers it, and what its stream leaves out of OpenAI's spec is put in on 
 (sequence numbers, output and content indexes, the closing events, reasoning items, ids and
 usage), with ``prompt_cache_key`` keeping a session on one of its slots."""
 
-from .adapter import ADAPTER, RESPONSES, ResponsesAdapter, told
 from .affinity import SlotAffinity
+from .dialect import DIALECT, RESPONSES, ResponsesDialect, told
 from .events import ResponsesStream, encoded
 from .whole import normalized_response
 
 __all__ = [
-    "ADAPTER",
+    "DIALECT",
     "RESPONSES",
-    "ResponsesAdapter",
+    "ResponsesDialect",
     "ResponsesStream",
     "SlotAffinity",
     "encoded",

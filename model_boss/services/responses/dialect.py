@@ -46,7 +46,7 @@ def affinity_of(backend: Any) -> SlotAffinity:
 async def told(chunks: Chunks, model_id: str) -> AsyncIterator[bytes]:
     """llama.cpp's Responses stream as OpenAI's (:class:`.events.ResponsesStream`); comments
     and lines that are not JSON pass untouched. A failure keeps the next sequence number on
-    the exception, for the error event that ends the stream (:meth:`ResponsesAdapter.
+    the exception, for the error event that ends the stream (:meth:`ResponsesDialect.
     stream_end`)."""
     stream = ResponsesStream(model_id)
     try:
@@ -71,7 +71,7 @@ async def told(chunks: Chunks, model_id: str) -> AsyncIterator[bytes]:
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
-class ResponsesAdapter:
+class ResponsesDialect:
     """The Responses API to llama.cpp's server (see the module); to others as it came."""
 
     def call(self, backend: Any, model_id: str, endpoint: str,
@@ -115,4 +115,4 @@ class ResponsesAdapter:
                         "param": exc.param, "sequence_number": sequence, "error": envelope})
 
 
-ADAPTER = ResponsesAdapter()
+DIALECT = ResponsesDialect()

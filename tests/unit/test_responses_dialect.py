@@ -1,4 +1,4 @@
-"""The Responses API's adapter (services/responses/adapter.py): which call a worker gets,
+"""The Responses API's dialect (services/responses/dialect.py): which call a worker gets,
 whole answers gathered from the told stream, the error event that ends a failed stream;
 prompt_cache_key's slot choice (services/responses/affinity.py)."""
 
@@ -14,13 +14,13 @@ import pytest
 
 from model_boss.backends.base import UpstreamResponse
 from model_boss.errors import ModelBossError, UpstreamError
-from model_boss.services.responses import ADAPTER, SlotAffinity, told
+from model_boss.services.responses import DIALECT, SlotAffinity, told
 
 RECORDED = Path(__file__).parent / "llama_responses"
 
 
 class Llama:
-    """A llama.cpp worker as the adapter sees one."""
+    """A llama.cpp worker as the dialect sees one."""
 
     llama_responses = True
 
@@ -58,7 +58,7 @@ CLOUD = SimpleNamespace(manifest=SimpleNamespace(concurrency=256))
       "stream": True}, False, True),
 ])
 def test_the_call_a_worker_gets(backend, body, sent, streams, gathers) -> None:
-    call = ADAPTER.call(backend, "m", "/v1/responses", dict(body))
+    call = DIALECT.call(backend, "m", "/v1/responses", dict(body))
     assert (call.endpoint, call.body) == ("/v1/responses", sent)
     assert (call.chunks is not None, call.gather is not None) == (streams, gathers)
     if call.settled is not None:
@@ -69,7 +69,7 @@ def test_a_key_goes_back_to_its_slot_once_it_is_free() -> None:
     backend = llama(2)
 
     def slot(key: str) -> Any:
-        call = ADAPTER.call(backend, "m", "/v1/responses", {"input": "x", "stream": True,
+        call = DIALECT.call(backend, "m", "/v1/responses", {"input": "x", "stream": True,
                                                             "prompt_cache_key": key})
         return call.body.get("id_slot"), call.settled
 
@@ -128,7 +128,7 @@ def _events(raw: bytes) -> list[dict[str, Any]]:
 
 
 def test_a_whole_answer_is_the_told_stream_gathered() -> None:
-    call = ADAPTER.call(llama(), "smol", "/v1/responses", {"input": "x"})
+    call = DIALECT.call(llama(), "smol", "/v1/responses", {"input": "x"})
     raw = (RECORDED / "reasoning_then_text.sse").read_bytes()
     upstream = UpstreamResponse(200, {"content-type": "text/event-stream"},
                                 stream=_chunks(raw))
@@ -161,7 +161,7 @@ def test_a_stream_that_fails_ends_with_a_numbered_error_event(fail, code, words)
 
     sent, exc = asyncio.run(run())
     numbers = [e["sequence_number"] for e in _events(b"".join(sent))]
-    end = ADAPTER.stream_end(exc)
+    end = DIALECT.stream_end(exc)
     assert end.startswith(b"event: error\n")
     (error,) = _events(end)
     assert error["sequence_number"] == numbers[-1] + 1
@@ -170,7 +170,7 @@ def test_a_stream_that_fails_ends_with_a_numbered_error_event(fail, code, words)
 
 
 def test_a_failure_before_any_event_is_number_zero() -> None:
-    (error,) = _events(ADAPTER.stream_end(ModelBossError("no room", code="capacity")))
+    (error,) = _events(DIALECT.stream_end(ModelBossError("no room", code="capacity")))
     assert error["sequence_number"] == 0 and error["code"] == "capacity"
 
 
@@ -186,4 +186,4 @@ def test_comments_pass_untouched() -> None:
 def test_a_drained_responses_stream_ends_with_the_numbered_error_event() -> None:
     from model_boss.api.drain import stream_end
 
-    assert stream_end("/v1/responses") == ADAPTER.stream_end == stream_end("/responses")
+    assert stream_end("/v1/responses") == DIALECT.stream_end == stream_end("/responses")
