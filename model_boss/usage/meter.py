@@ -34,7 +34,7 @@ class MeteredRequest(Protocol):
     request_id: str
 
 
-class SlotTicket(Protocol):
+class MeteredTicket(Protocol):
     """A granted request as the meter reads it (the queue's ticket)."""
 
     slot: MeteredSlot
@@ -58,18 +58,18 @@ class Meter:
         self.on_row: Callable[[UsageRow], None] = lambda row: None  # the ledger's record
         self._clocks: dict[SlotKey, BusyShare] = {}
         self._charged: dict[SlotKey, float] = {}  # copy -> the loaded_at already charged
-        self._running: dict[SlotKey, dict[int, SlotTicket]] = {}  # copy -> tickets, by token
+        self._running: dict[SlotKey, dict[int, MeteredTicket]] = {}  # copy -> tickets, by token
 
     def busy_s(self, key: SlotKey | str) -> float:
         """How long the copy ``key`` has had at least one request, since the start."""
         clock = self._clocks.get(SlotKey(key))
         return clock.busy_s if clock is not None else 0.0
 
-    def running(self, key: SlotKey | str) -> list[SlotTicket]:
+    def running(self, key: SlotKey | str) -> list[MeteredTicket]:
         """The requests running on the copy ``key`` now (granted, not finished)."""
         return list(self._running.get(SlotKey(key), {}).values())
 
-    def granted(self, ticket: SlotTicket, now: float | None = None) -> None:
+    def granted(self, ticket: MeteredTicket, now: float | None = None) -> None:
         slot = ticket.slot
         clock = self._clocks.setdefault(slot.key, BusyShare())
         ticket.metered = clock.enter(time.monotonic() if now is None else now)
@@ -79,7 +79,7 @@ class Meter:
             self._charged[slot.key] = loaded_at
             ticket.load_s = slot.ready_in_s
 
-    def finished(self, ticket: SlotTicket, ok: bool, client_fault: bool, duration_s: float,
+    def finished(self, ticket: MeteredTicket, ok: bool, client_fault: bool, duration_s: float,
                  now: float | None = None) -> UsageRow:
         """The row for ``ticket``'s request, now that it has given its slot back (also
         handed to ``on_row``)."""

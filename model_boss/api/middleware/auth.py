@@ -16,7 +16,7 @@ from ...keys import CURRENT_IDENTITY, Identity, with_identity
 from ...services.clustered import FORWARDABLE
 from ..errors import envelope, error_response, internal_error
 from ..ollama import ADMIN_PATHS, DATA_PATHS, is_ollama_path
-from .keys import JOBS_PATH, Admission, as_key, check_key, given_key
+from .keys import JOBS_PATH, KeyAdmission, as_key, check_key, given_key
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class AuthAndMetrics:
         self.app = app
         self.coord = coordinator
         self.inference = inference | {JOBS_PATH}
-        self.admission = Admission(coordinator.key_windows, coordinator.usage_spent)
+        self.admission = KeyAdmission(coordinator.key_windows, coordinator.usage_spent)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

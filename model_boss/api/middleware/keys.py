@@ -101,7 +101,7 @@ class SpentReader(Protocol):
     def __call__(self, key: str, since: float) -> Spent: ...
 
 
-class Admission:
+class KeyAdmission:
     """A key's rates and quotas at the door of an inference route: the scope of its kind of
     route, then :func:`~model_boss.keys.refusal` over its last minute and what it spent
     today and this month (the usage ledger's running totals)."""
@@ -138,5 +138,5 @@ def _limited(profile: object) -> bool:
         "gpu_seconds_per_month"))
 
 
-__all__ = ["CURRENT_IDENTITY", "Admission", "Identity", "KeyCheck", "SpentReader", "as_key",
+__all__ = ["CURRENT_IDENTITY", "KeyAdmission", "Identity", "KeyCheck", "SpentReader", "as_key",
            "check_key", "given_key", "with_client"]
