@@ -65,6 +65,16 @@ ENDPOINT_KINDS: tuple[str, ...] = ("chat", "embeddings", "images", "video", "aud
 
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0)]
+# The limits a client or key profile may set, each with its type, declared once: the key API,
+# the keys command line, the door's admission, the cluster's counters and the policy read
+# these. Rates count a sliding minute; quotas a UTC day or month.
+RATES: dict[str, type] = {"requests_per_minute": int, "tokens_per_minute": int}
+QUOTAS: dict[str, type] = {
+    "tokens_per_day": int, "tokens_per_month": int, "images_per_day": int,
+    "audio_seconds_per_day": float, "gpu_seconds_per_day": float,
+    "gpu_seconds_per_month": float}
+LIMITS: dict[str, type] = {"priority_floor": int, "priority": int, "max_concurrency": int,
+                           "max_queued": int, "share": float, **RATES, **QUOTAS}
 
 
 class ClientProfile(BaseModel):

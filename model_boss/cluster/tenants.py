@@ -33,6 +33,7 @@ import redis.asyncio as redis
 from ..errors import StoreUnavailable
 from ..keys import KeyRecord, KeyStore
 from ..keys.store import record_from_dict, record_to_dict
+from ..settings import QUOTAS
 from ..usage import (
     Spent,
     UsageLedger,
@@ -317,6 +318,4 @@ class SharedTenancy:
 
 def _has_quota(record: KeyRecord) -> bool:
     p = record.profile
-    return not record.revoked and any(v is not None for v in (
-        p.tokens_per_day, p.tokens_per_month, p.images_per_day, p.audio_seconds_per_day,
-        p.gpu_seconds_per_day, p.gpu_seconds_per_month))
+    return not record.revoked and any(getattr(p, name) is not None for name in QUOTAS)

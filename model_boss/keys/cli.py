@@ -12,16 +12,11 @@ from typing import Any
 import httpx
 
 from ..errors import error_text, network_reason
+from ..settings import LIMITS
 
 EXAMPLE = "model-boss keys create alice --models 'qwen*' --tokens-per-day 2000000"
 
-# the limit flags: --NAME-WITH-DASHES → the API's field, and its type
-LIMITS: dict[str, type] = {
-    "priority_floor": int, "priority": int, "max_concurrency": int, "max_queued": int,
-    "share": float, "requests_per_minute": int, "tokens_per_minute": int,
-    "tokens_per_day": int, "tokens_per_month": int, "images_per_day": int,
-    "audio_seconds_per_day": float, "gpu_seconds_per_day": float,
-    "gpu_seconds_per_month": float}
+# the limit flags: --NAME-WITH-DASHES → the API's field, and its type (settings.LIMITS)
 SHOWN = ("name", "prefix", "admin", "models", "endpoints", "expires_at", "revoked_at")
 
 

@@ -27,6 +27,7 @@ from ...keys import (
     kind_in_scope,
     refusal,
 )
+from ...settings import QUOTAS, RATES
 from ...usage import Spent, day_start, month_start
 
 CLIENT_HEADER = b"x-client-id"
@@ -132,10 +133,7 @@ class KeyAdmission:
 
 
 def _limited(profile: object) -> bool:
-    return any(getattr(profile, name) is not None for name in (
-        "requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month",
-        "images_per_day", "audio_seconds_per_day", "gpu_seconds_per_day",
-        "gpu_seconds_per_month"))
+    return any(getattr(profile, name) is not None for name in (*RATES, *QUOTAS))
 
 
 __all__ = ["CURRENT_IDENTITY", "KeyAdmission", "Identity", "KeyCheck", "SpentReader", "as_key",

@@ -1,0 +1,49 @@
+"""The limits a key may carry are declared once (settings.LIMITS, RATES, QUOTAS) and every
+reader takes them from there: a client profile, the key API's body, the keys command line,
+and the policy, which refuses on each quota by its own name."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from model_boss.api.tenants.keys import KeyChange
+from model_boss.keys import refusal
+from model_boss.keys.cli import LIMITS as CLI_LIMITS
+from model_boss.keys.policy import MinuteReading
+from model_boss.settings import LIMITS, QUOTAS, RATES, ClientProfile
+from model_boss.usage import Spent
+
+
+def base_type(annotation: object) -> type:
+    """int or float out of ``X | None`` and ``Annotated[X, ...]``."""
+    for part in typing.get_args(annotation) or (annotation,):
+        part = typing.get_args(part)[0] if typing.get_origin(part) is typing.Annotated \
+            else part
+        if part in (int, float):
+            return part  # type: ignore[return-value]
+    raise AssertionError(f"no number in {annotation!r}")
+
+
+def test_rates_and_quotas_are_limits() -> None:
+    assert set(RATES) | set(QUOTAS) <= set(LIMITS) and not set(RATES) & set(QUOTAS)
+
+
+@pytest.mark.parametrize("model", [ClientProfile, KeyChange], ids=["profile", "key API"])
+def test_every_limit_is_a_field_of_its_type(model) -> None:
+    fields = model.model_fields
+    assert set(LIMITS) <= set(fields), set(LIMITS) - set(fields)
+    assert {name: base_type(fields[name].annotation) for name in LIMITS} == LIMITS
+
+
+def test_the_command_line_takes_every_limit() -> None:
+    assert CLI_LIMITS is LIMITS
+
+
+@pytest.mark.parametrize("quota", list(QUOTAS))
+def test_the_policy_refuses_on_each_quota_by_its_name(quota: str) -> None:
+    spent = Spent(requests=1, tokens=5, images=1, audio_seconds=1.0, gpu_seconds=1.0)
+    error = refusal("k", ClientProfile(**{quota: 0}), now=1.8e9, minute=MinuteReading(),
+                    day=spent, month=spent)
+    assert error is not None and error.param == quota and error.status_code == 429
