@@ -16,14 +16,12 @@ import httpx
 import orjson
 
 from ..catalog.manifest import Category, ModelManifest
+from ..endpoints import EDITS, IMAGES, VIDEOS
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
 from .spare import DIFFUSERS, TakesSpares, torch_defaults
 
-IMAGES_ENDPOINT = "/v1/images/generations"
-EDITS_ENDPOINT = "/v1/images/edits"
-VIDEOS_ENDPOINT = "/v1/videos"
 VIDEO_HEADER = "x-model-boss-video"  # a clip's frames, fps, size, seed and timings (JSON)
 _BACKGROUND: set[asyncio.Task] = set()
 WORKER_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidance", "seed", "n",
@@ -33,9 +31,9 @@ VIDEO_FIELDS = ("prompt", "negative_prompt", "width", "height", "steps", "guidan
                 "frames", "fps", "image")
 DEFAULT_SECONDS = 4.0  # a clip that names no length (OpenAI's default)
 # the worker's route for each endpoint, and the fields it takes
-_ROUTES = {IMAGES_ENDPOINT: ("/generate", WORKER_FIELDS), EDITS_ENDPOINT: ("/generate",
+_ROUTES = {IMAGES: ("/generate", WORKER_FIELDS), EDITS: ("/generate",
                                                                           WORKER_FIELDS),
-           VIDEOS_ENDPOINT: ("/video", VIDEO_FIELDS)}
+           VIDEOS: ("/video", VIDEO_FIELDS)}
 
 
 class DiffusersBackend(TakesSpares, HttpWorkerBackend):
@@ -52,8 +50,8 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
         """The endpoints a pipeline answers (checked before it is loaded): a video pipeline
         the videos API, any other pictures, made and edited."""
         if manifest.category == Category.VIDEO:
-            return [VIDEOS_ENDPOINT]
-        return [IMAGES_ENDPOINT, EDITS_ENDPOINT]
+            return [VIDEOS]
+        return [IMAGES, EDITS]
 
     def argv(self, port: int, placement: Placement | None) -> list[str]:
         return [sys.executable, "-m", "workers.diffusers", "--host", "127.0.0.1",
@@ -103,7 +101,7 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
                              f"serves {', '.join(self.serves(self.manifest))}", param="model",
                              code="unsupported_endpoint")
         route, fields = _ROUTES[endpoint]
-        if endpoint == VIDEOS_ENDPOINT:  # seconds at the manifest's frame rate, or the asked
+        if endpoint == VIDEOS:  # seconds at the manifest's frame rate, or the asked
             fps = body.get("fps") or self.manifest.fps
             seconds = body.get("seconds") or DEFAULT_SECONDS
             body = {**body, "fps": fps, "frames": max(1, round(seconds * fps))}
@@ -119,7 +117,7 @@ class DiffusersBackend(TakesSpares, HttpWorkerBackend):
             task.add_done_callback(_BACKGROUND.discard)
             raise
         result = orjson.loads(answer.body or b"{}")
-        if endpoint == VIDEOS_ENDPOINT:  # the clip as it is, its figures in a header
+        if endpoint == VIDEOS:  # the clip as it is, its figures in a header
             figures = {k: result.get(k) for k in ("frames", "fps", "width", "height", "seed",
                                                   "timings")}
             return UpstreamResponse(200, {"content-type": "video/mp4",

@@ -14,11 +14,11 @@ from typing import Any
 from workers.pipeline_kinds import is_video_pipeline
 from workers.pipeline_kinds import takes_image as needs_image
 
+from ..endpoints import VIDEOS
 from ..errors import BadRequest
 from .manifest import BackendKind, Category, ModelManifest
 
 ADAPTER_FOLDERS = ("ip_adapter", "ip-adapter")  # inside a pipeline's folder
-VIDEOS = "/v1/videos"
 DEFAULT_SECONDS = 4.0  # a clip that names no length (OpenAI's default)
 
 

@@ -12,7 +12,6 @@ from .identity import (
 )
 from .policy import (
     MinuteReading,
-    endpoint_kind,
     floored_priority,
     kind_in_scope,
     model_in_scope,
@@ -23,6 +22,6 @@ from .store import ADMIN_KEY_NAME, SHARED_KEY_NAME, KeyNotFound, KeyStore
 from .windows import MinuteWindows
 
 __all__ = ["ADMIN_KEY_NAME", "CURRENT_IDENTITY", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
-           "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows", "endpoint_kind",
+           "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows",
            "end_user_label", "exposure_warning", "floored_priority", "hash_secret", "identity_of",
            "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]

@@ -17,21 +17,6 @@ from ..usage.totals import Spent
 MINUTE_S = 60.0
 
 
-def endpoint_kind(path: str) -> str:
-    """The kind of route ``path`` is, as a key's ``endpoints`` scope names it."""
-    if "embed" in path:
-        return "embeddings"
-    if "rerank" in path:
-        return "rerank"
-    if "/images/" in path or path.startswith("/sdapi/"):
-        return "images"
-    if path.startswith("/v1/videos"):
-        return "video"
-    if "/audio/" in path:
-        return "audio"
-    return "chat"
-
-
 def model_in_scope(profile: ClientProfile, names: Iterable[str]) -> bool:
     """Whether any of a model's ``names`` (its id and aliases) matches the key's globs."""
     globs = profile.allowed_models

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from ..endpoints import IMAGES
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
 from ..usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
@@ -74,13 +75,12 @@ class QueuedRequest:
 
 # the body fields that say how long a request may run, by the unit they count in
 _TOKENS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
-IMAGES_ENDPOINT = "/v1/images/generations"
 
 
 def asked_work(endpoint: str, body: dict) -> float | None:
     """A request's length as it asked for it, in its model's unit of work: the tokens it may
     generate, or an image request's steps times its images; None when it does not say."""
-    if endpoint == IMAGES_ENDPOINT:
+    if endpoint == IMAGES:
         steps, images = body.get("steps") or body.get("num_inference_steps"), body.get("n") or 1
         return float(steps * images) if _count(steps) and _count(images) else None
     limit = next((body[name] for name in _TOKENS if _count(body.get(name))), None)

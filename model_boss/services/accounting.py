@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..backends.base import UpstreamResponse
+from ..endpoints import IMAGES
 from ..errors import ModelBossError
 from ..keys import end_user_label
 from ..usage import Figures, UsageRow, outcome
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from ..scheduling.queue import QueuedRequest
     from ..settings import ClientProfile
 
-IMAGES_ENDPOINT = "/v1/images/generations"
 # the routes whose answers say how many seconds of audio they heard (transcriptions)
 AUDIO_HEARD = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 AUDIO_SECONDS_HEADER = "x-audio-seconds"
@@ -62,7 +62,7 @@ def read_figures(figures: Figures, endpoint: str, body: dict[str, Any],
     """What a whole answer says it used: tokens, images and their steps, audio heard."""
     data = upstream.body or b""
     figures.read(data)
-    if endpoint == IMAGES_ENDPOINT:
+    if endpoint == IMAGES:
         figures.read_images(data)
         steps = body.get("num_inference_steps") or body.get("steps")
         figures.steps = figures.images * steps if isinstance(steps, int) else 0

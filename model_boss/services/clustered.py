@@ -17,6 +17,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..cluster import MEMBER_HEADER, MemberRecord, MemberUnreachable
+from ..endpoints import (
+    CHAT,
+    COMPLETIONS,
+    COUNT_TOKENS,
+    EMBEDDINGS,
+    MESSAGES,
+    RERANK,
+    RESPONSES,
+    SPEECH,
+)
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
 from ..scheduling.queue import QueuedRequest
 from ..slots.drain import SHUTTING_DOWN, ShuttingDown
@@ -31,10 +41,8 @@ log = logging.getLogger(__name__)
 
 # the endpoints a member answers on the same path as the worker's (images are kept where
 # they arrive: their files are served by the member that wrote them)
-FORWARDABLE = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                         "/v1/rerank",
-                         "/v1/responses", "/v1/audio/speech", "/v1/messages",
-                         "/v1/messages/count_tokens", *NATIVE_BODIES})
+FORWARDABLE = frozenset({CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, SPEECH, MESSAGES,
+                         COUNT_TOKENS, *NATIVE_BODIES})
 
 
 def forward_body(body: dict[str, Any], ext: Extensions, *, client_id: str, priority: int,

@@ -23,6 +23,7 @@ import orjson
 
 from ..catalog.tasks import task_name
 from ..cluster import FORWARDED_HEADER, MemberRecord
+from ..endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, SPEECH
 from ..errors import ModelBossError
 from ..scheduling.replicas import prompt_blocks
 from .accounting import who
@@ -35,8 +36,7 @@ if TYPE_CHECKING:
     from .served import Served
 
 # the OpenAI routes whose HTTP path is the endpoint members answer on
-EARLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                         "/v1/rerank", "/v1/responses", "/v1/audio/speech"})
+EARLY_PATHS = frozenset({CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, SPEECH})
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,11 @@ import orjson
 from ..backends.base import UpstreamResponse
 from ..backends.llama.collect import as_stream, collectable, gather
 from ..backends.sse import sse_data
+from ..endpoints import endpoint_kind
 from ..errors import BadRequest, Forbidden
 from ..jobs import Job
 from ..jobs.runner import Dispatched, Reported
-from ..keys import Identity, endpoint_kind, kind_in_scope
+from ..keys import Identity, kind_in_scope
 from .accounting import who
 from .extensions import CARRIED_IDENTITY, pop_extensions
 from .media.images import EDITS, IMAGES, edit_body, edit_images, generate_images, references

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends.registry import BACKENDS
 from ..catalog import BackendKind, Category, ModelManifest, media_refusal
+from ..endpoints import CHAT, COMPLETIONS
 from ..errors import (
     BadRequest,
     BudgetExceeded,
@@ -64,10 +65,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHAT = "/v1/chat/completions"
 # Failures that say "this candidate cannot serve now", so the next rung is worth a try.
 FALLBACK_ERRORS = (LoadFailed, ModelUnavailable, WorkerCrashed, CapacityExceeded)
-CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
+CHOICE_ENDPOINTS = (CHAT, COMPLETIONS)
 # not a worker route: the model is made READY through the queue, nothing is sent to it
 LOAD_ONLY = "load"
 

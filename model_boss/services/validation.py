@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..backends.registry import BACKENDS
 from ..catalog import ModelManifest
+from ..endpoints import CHAT, COMPLETIONS
 from ..errors import BadRequest
 
 M = TypeVar("M", bound=BaseModel)
@@ -46,8 +47,7 @@ def bad_request(errors: Sequence[Any]) -> BadRequest:
 
 
 # what a request asks of a model that the model cannot give, known before any load
-CHAT = "/v1/chat/completions"
-CHOICE_ENDPOINTS = (CHAT, "/v1/completions")
+CHOICE_ENDPOINTS = (CHAT, COMPLETIONS)
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})  # OpenAI, Responses, Anthropic
 
 

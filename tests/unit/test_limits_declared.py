@@ -47,3 +47,21 @@ def test_the_policy_refuses_on_each_quota_by_its_name(quota: str) -> None:
     error = refusal("k", ClientProfile(**{quota: 0}), now=1.8e9, minute=MinuteReading(),
                     day=spent, month=spent)
     assert error is not None and error.param == quota and error.status_code == 429
+
+
+def test_the_routes_and_their_kinds_are_declared_once() -> None:
+    """Every inference route's path is a constant of model_boss.endpoints, and each is of a
+    kind a key's ``endpoints`` scope can name (settings.EndpointKind)."""
+    from model_boss import endpoints
+    from model_boss.settings import EndpointKind
+
+    assert set(typing.get_args(EndpointKind)) == set(endpoints.KINDS)
+    kinds = {name: endpoints.endpoint_kind(value) for name, value in vars(endpoints).items()
+             if name.isupper() and isinstance(value, str)}
+    assert kinds == {"CHAT": "chat", "COMPLETIONS": "chat", "RESPONSES": "chat",
+                     "MESSAGES": "chat", "COUNT_TOKENS": "chat", "EMBEDDINGS": "embeddings",
+                     "RERANK": "rerank", "IMAGES": "images", "EDITS": "images",
+                     "VIDEOS": "video", "TRANSCRIPTIONS": "audio", "TRANSLATIONS": "audio",
+                     "SPEECH": "audio", "JOBS": "chat"}
+    assert endpoints.endpoint_kind("/sdapi/v1/txt2img") == "images"
+    assert endpoints.endpoint_kind("/api/embed") == "embeddings"

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from starlette.datastructures import Headers
 
+from ...endpoints import JOBS, endpoint_kind
 from ...errors import Forbidden, ModelBossError, Unauthorized
 from ...keys import (
     CURRENT_IDENTITY,
@@ -23,7 +24,6 @@ from ...keys import (
     KeyStore,
     MinuteWindows,
     end_user_label,
-    endpoint_kind,
     kind_in_scope,
     refusal,
 )
@@ -31,7 +31,7 @@ from ...settings import QUOTAS, RATES
 from ...usage import Spent, day_start, month_start
 
 CLIENT_HEADER = b"x-client-id"
-JOBS_PATH = "/api/v1/jobs"
+JOBS_PATH = JOBS
 END_USER_HEADER = b"x-model-boss-end-user"
 
 

@@ -22,14 +22,12 @@ from typing import Any
 
 import orjson
 
+from ...endpoints import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from ..base import UpstreamResponse, upstream_error
 from ..sse import sse_data, sse_events
 
 NATIVE = frozenset({"/completion", "/completions", "/infill"})
-CHAT = "/v1/chat/completions"
-TEXT = "/v1/completions"
-MESSAGES = "/v1/messages"
-RESPONSES = "/v1/responses"
+TEXT = COMPLETIONS
 COLLECTED = NATIVE | {CHAT, TEXT, MESSAGES, RESPONSES}
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...catalog import BackendKind, ModelManifest
+from ...endpoints import CHAT, COUNT_TOKENS, MESSAGES
 from ...errors import ModelBossError
 from ...keys import end_user_label
 from ..cancel import Departure
@@ -36,9 +37,6 @@ from .wording import in_anthropic_words
 if TYPE_CHECKING:
     from ...coordinator import Coordinator
 
-MESSAGES = "/v1/messages"
-COUNT_TOKENS = "/v1/messages/count_tokens"
-CHAT = "/v1/chat/completions"
 # output_config.effort → the reasoning_effort a template takes (gpt-oss: low, medium, high)
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 

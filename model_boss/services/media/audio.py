@@ -13,12 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ...endpoints import TRANSCRIPTIONS, TRANSLATIONS
 from ...errors import BadRequest
 from ..schemas import TranscriptionRequest
 from ..validation import bad_request
 
-TRANSCRIPTIONS = "/v1/audio/transcriptions"
-TRANSLATIONS = "/v1/audio/translations"
 # the paths whose body is an upload (sized by max_upload_bytes), with their unprefixed aliases
 UPLOAD_PATHS = frozenset({TRANSCRIPTIONS, TRANSLATIONS, TRANSCRIPTIONS.removeprefix("/v1"),
                           TRANSLATIONS.removeprefix("/v1")})

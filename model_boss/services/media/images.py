@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ...endpoints import EDITS, IMAGES
 from ...errors import BadRequest
 from ...jobs.runner import Dispatched
 from ..cancel import Departure
@@ -27,8 +28,6 @@ from .pictures import (
 if TYPE_CHECKING:
     from ...coordinator import Coordinator
 
-IMAGES = "/v1/images/generations"
-EDITS = "/v1/images/edits"
 FILES_PATH = "/v1/images/files/"
 
 

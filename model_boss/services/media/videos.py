@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ...backends.diffusers import VIDEO_HEADER
+from ...endpoints import VIDEOS
 from ...jobs import Job
 from ...jobs.job import JobStatus
 from ...jobs.runner import Dispatched
@@ -22,7 +23,6 @@ from .pictures import from_text, open_picture, png_text
 if TYPE_CHECKING:
     from ...coordinator import Coordinator
 
-VIDEOS = "/v1/videos"
 ID_PREFIX = "video_"
 DEFAULT_SIZE = "832x480"  # Wan's and most video models' 480p, landscape
 _STATUS = {JobStatus.QUEUED: "queued", JobStatus.LOADING: "queued",

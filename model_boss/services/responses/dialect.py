@@ -19,13 +19,13 @@ import orjson
 from ...backends.base import UpstreamResponse
 from ...backends.llama.collect import gather
 from ...backends.sse import sse_data, sse_events
+from ...endpoints import RESPONSES
 from ...errors import ModelBossError
 from ..redact import redacted
 from ..served import Chunks, WorkerCall
 from .affinity import SlotAffinity
 from .events import ResponsesStream, encoded
 
-RESPONSES = "/v1/responses"
 # each worker's slot choices, for as long as the worker lives
 _AFFINITIES: weakref.WeakKeyDictionary[Any, SlotAffinity] = weakref.WeakKeyDictionary()
 
