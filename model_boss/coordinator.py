@@ -15,7 +15,7 @@ import psutil
 
 from .backends.processes import reap_orphans
 from .backends.spare import DIFFUSERS, TRANSFORMERS
-from .catalog import BackendKind, build_catalog, context_view
+from .catalog import BackendKind, build_catalog
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
@@ -31,9 +31,7 @@ from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
-from .scheduling.waiting import queue_status
 from .settings import PreloadEntry, Settings
-from .slots import SlotState, model_loads, model_totals
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .usage import Spent, UsageLedger, UsageRow
@@ -304,82 +302,11 @@ class Coordinator:
         await self.boss.close(release_held=True)
         self.events.emit("stopped")
 
-    async def refresh_metrics(self) -> None:
-        m = self.metrics
-        m.queue_depth.set(self.queue.depth)
-        m.queue_limit.labels("total").set(self.settings.max_queue_depth)
-        m.queue_limit.labels("per_client").set(self.settings.max_queued_per_client)
-        m.queue_waiting.clear()
-        for priority, count in self.queue.backlog.by_priority().items():
-            m.queue_waiting.labels(str(priority)).set(count)
-        for usage in await self.boss.usage():
-            m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)
-            m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
-        for slot in self.pool.slots.values():  # each copy of a model as its own series
-            for state in SlotState:
-                m.slot_state.labels(slot.key, str(state)).set(int(slot.state == state))
-        for model_id, running, limit in model_totals(self.pool.slots.values()):
-            m.model_max_concurrency.labels(model_id).set(limit)
-            m.model_running.labels(model_id).set(running)
-        m.gateway.update(await model_loads(self.pool.slots, self.queue.backlog.by_model()))
-
     @property
     def exposure_warning(self) -> str | None:
         """What anyone on the network may do here, when this coordinator listens beyond
         loopback without keys (config or managed); None when it does not."""
         return None if self.keys.enforced else exposure_warning(self.settings)
-
-    async def status(self) -> dict:
-        usage = await self.boss.usage()
-        leases = await self.boss.leases()
-        queue = queue_status(self.queue)
-        return {
-            "time": time.time(),  # the server's clock, for countdowns against unload_at
-            "uptime_s": round(time.time() - self.started_at, 1),
-            "lease_store": "redis" if self.settings.redis_url else "embedded",
-            "cluster": {"host_id": self.cluster.host_id, "url": self.settings.member_url}
-            if self.cluster else None,
-            "gpus": [u.to_dict() for u in usage],
-            "slots": self.pool.status(),
-            "spare_workers": self.pool.spares.status(),
-            "worker_templates": self.pool.templates.status(),
-            "queue": queue,
-            "client_profiles": {name: profile.model_dump(exclude_none=True)
-                                for name, profile in self.settings.clients.items()},
-            "offloaded_mb": self.pool.offloaded_mb(),
-            "catalog": self.live.status(),
-            "pulls": self.pulls.status(),
-            "leases": [lease.to_dict() for lease in leases],
-            "models": await self.model_views(queue["by_model"]),
-            "warnings": [w for w in (self.exposure_warning,) if w],
-        }
-
-    async def model_views(self, queued: dict[str, int]) -> list[dict]:
-        """Every manifest, slot or not: what it is, how many requests wait for it
-        (``queued``: by model), and (for one never loaded, which has no slot) its VRAM
-        estimate. Read-only."""
-        without_slot = [e for e in self.catalog
-                        if e.available and e.manifest.id not in self.pool.slots]
-        # off the event loop: an estimate not yet cached may read the model file
-        estimates = await asyncio.to_thread(self._estimates, without_slot)
-        return [
-            {"id": e.manifest.id, "aliases": list(e.manifest.aliases),
-             "category": str(e.manifest.category), "backend": str(e.manifest.backend),
-             "source": e.manifest.source, **context_view(e.manifest),
-             "parallel": e.manifest.concurrency, "pin": e.manifest.pin, "base": e.manifest.base,
-             "available": e.available, "unavailable_reason": e.unavailable_reason,
-             "queued": queued.get(e.manifest.id, 0),
-             "vram_estimate": estimates.get(e.manifest.id)}
-            for e in self.catalog
-        ]
-
-    def _estimates(self, entries: list) -> dict[str, dict]:
-        found = {}
-        for entry in entries:
-            with contextlib.suppress(Exception):  # an unreadable file has no estimate to show
-                found[entry.manifest.id] = self.pool.estimate(entry).to_dict()
-        return found
-
 
 # how long one phase of a stop before the workers' may take (SIGTERM must stop the daemon)
 STOP_PHASE_S = 10.0

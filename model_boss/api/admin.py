@@ -17,6 +17,8 @@ from ..scheduling.waiting import waiting_list
 from ..slots.slot import SlotState
 from .context import coordinator_of
 from .errors import OpenAIError, documented
+from .metrics_refresh import refresh_metrics
+from .status_document import status_document
 
 router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
 
@@ -41,7 +43,7 @@ async def health(request: Request, response: Response) -> dict[str, Any]:
 
 @router.get("/api/v1/status")
 async def status(request: Request) -> dict[str, Any]:
-    return await coordinator_of(request).status()
+    return await status_document(coordinator_of(request))
 
 
 @router.get("/api/v1/queue")
@@ -186,7 +188,7 @@ async def events(request: Request,
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(request: Request) -> Response:
     coord = coordinator_of(request)
-    await coord.refresh_metrics()
+    await refresh_metrics(coord)
     return Response(coord.metrics.render(), headers={"content-type": coord.metrics.content_type})
 
 
