@@ -1,7 +1,7 @@
 """``model-boss launch``: coding agents (Claude Code, Codex, aider, opencode) started with
 what they need to use this daemon. The agents and their settings are pure functions
 (:mod:`.agents`), the context check too (:mod:`.fit`); :mod:`.daemon` asks the daemon and
-:mod:`.cli` carries the launch out."""
+``model_boss.cli.launch`` carries the launch out."""
 
 from .agents import AGENTS, Agent
 from .daemon import LaunchError, ServedModel, served_model

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from model_boss.cli import main
-from model_boss.cli_parser import build_parser, default_url
+from model_boss.cli.parser import build_parser, default_url
 from model_boss.gpu.inventory import GPUUsage
 from model_boss.gpu.lease import Lease
 
@@ -171,7 +171,7 @@ def test_serve_keeps_the_collector_off_what_lives_as_long_as_the_daemon():
     are collected less often than Python's default; nothing else of the collector changes."""
     import gc
 
-    from model_boss.cli import YOUNG_COLLECTION_EVERY, quiet_collector
+    from model_boss.cli.dispatch import YOUNG_COLLECTION_EVERY, quiet_collector
 
     threshold = gc.get_threshold()
     try:

@@ -172,7 +172,7 @@ def test_learned_figures_fill_only_what_was_not_measured_here():
 
 
 def test_ps_cluster_table():
-    from model_boss.cli_cluster import format_cluster
+    from model_boss.cli.cluster import format_cluster
 
     record = member("gpu1", slots=(slot("m", active=1, queued=2),)).to_dict()
     record["gpus"] = [{"index": 0, "vram_mb": 24576}]

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from model_boss.cli_parser import build_parser
-from model_boss.launch import cli as launch_cli
+from model_boss.cli import launch as launch_cli
+from model_boss.cli.parser import build_parser
 from model_boss.launch.daemon import LaunchError, served_model
 
 KEY = "mb-secret-key-0123456789abcdef"

@@ -9,8 +9,8 @@ import typing
 import pytest
 
 from model_boss.api.tenants.keys import KeyChange
+from model_boss.cli.keys import LIMITS as CLI_LIMITS
 from model_boss.keys import refusal
-from model_boss.keys.cli import LIMITS as CLI_LIMITS
 from model_boss.keys.policy import MinuteReading
 from model_boss.settings import LIMITS, QUOTAS, RATES, ClientProfile
 from model_boss.usage import Spent

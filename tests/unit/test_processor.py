@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from model_boss.cli.ps import human_size, render_ps, until
 from model_boss.gpu.processor import processor_split
-from model_boss.ps_table import human_size, render_ps, until
 
 BASE = {"tier": "gpu", "size_mb": 1000, "leased_mb": 1000, "gpu_layers": -1,
         "total_layers": 30, "declared": False}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_boss.ps_table import render_ps
+from model_boss.cli.ps import render_ps
 
 NOW = 1_700_000_000.0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from model_boss.cli_parser import EXAMPLES, TOP_EXAMPLES
+from model_boss.cli.parser import EXAMPLES, TOP_EXAMPLES
 from model_boss.gpu.inventory import DEFAULT_DECLARED_MB
 from model_boss.settings import Settings
 

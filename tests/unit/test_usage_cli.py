@@ -7,7 +7,7 @@ import argparse
 import httpx
 import pytest
 
-from model_boss.usage import cli as cli_usage
+from model_boss.cli import usage as cli_usage
 
 
 def parse(*argv: str) -> argparse.Namespace:

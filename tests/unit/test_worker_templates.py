@@ -215,12 +215,13 @@ def test_the_collector_is_off_inside_a_paused_block_and_back_as_it_was_after():
 
 def test_python_m_model_boss_runs_its_command_with_the_collector_on():
     """``python -m model_boss`` turns the collector off before it imports the command's
-    modules; ``model_boss.cli.main`` turns it on before the command runs (``serve`` pauses it
+    modules; ``model_boss.cli.dispatch`` turns it on before the command runs (``serve`` pauses it
     again for its app, then freezes)."""
-    code = ("import gc, runpy, sys; import model_boss.cli as cli; seen = []; "
+    code = ("import gc, runpy, sys; import model_boss.cli.dispatch as cli; seen = []; "
             "real = cli.build_parser; "
             "cli.build_parser = lambda: seen.append(gc.isenabled()) or real(); "
-            "sys.modules['model_boss.cli'] = cli; sys.argv = ['model_boss', 'simulate', '--help']\n"
+            "sys.modules['model_boss.cli.dispatch'] = cli; "
+            "sys.argv = ['model_boss', 'simulate', '--help']\n"
             "try: runpy.run_module('model_boss', run_name='__main__')\n"
             "except SystemExit: print(seen, gc.isenabled())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

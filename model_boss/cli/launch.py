@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from .agents import AGENTS
-from .daemon import LaunchError, served_model
-from .fit import find_manifest, needed_context, refusal
-from .plan import Target
+from ..launch.agents import AGENTS
+from ..launch.daemon import LaunchError, served_model
+from ..launch.fit import find_manifest, needed_context, refusal
+from ..launch.plan import Target
 
 EXAMPLE = """\
 example:

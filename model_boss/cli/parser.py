@@ -8,11 +8,11 @@ import os
 import textwrap
 from collections.abc import Mapping
 
-from .keys import cli as keys_cli
-from .launch import cli as launch_cli
-from .settings import Settings
-from .simulation import cli as simulate_cli
-from .usage import cli as usage_cli
+from ..settings import Settings
+from . import keys as keys_cli
+from . import launch as launch_cli
+from . import simulate as simulate_cli
+from . import usage as usage_cli
 
 DEFAULT_PORT: int = Settings.model_fields["port"].default
 

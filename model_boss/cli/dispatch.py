@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx
 
-from .cli_parser import build_parser
-from .errors import ConfigError, error_text, network_reason
-from .ps_table import render_ps
-from .simulation import cli as simulate_cli
+from ..errors import ConfigError, error_text, network_reason
+from . import simulate as simulate_cli
+from .parser import build_parser
+from .ps import render_ps
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -27,9 +27,9 @@ def _serve(args: argparse.Namespace) -> int:
     # start (1.20 s of CPU against 0.93 s, docs/BENCHMARKS.md); quiet_collector freezes them.
     gc.disable()
     try:
-        from .api.app import create_app
-        from .api.drain import serve
-        from .settings import load_settings
+        from ..api.app import create_app
+        from ..api.drain import serve
+        from ..settings import load_settings
 
         overrides = {}
         if args.host:
@@ -124,7 +124,7 @@ def _unreadable(args: argparse.Namespace, exc: Exception) -> int:
 
 
 def _ps_cluster(args: argparse.Namespace) -> int:
-    from .cli_cluster import format_cluster
+    from .cluster import format_cluster
 
     data = _ask("GET", args, "/api/v1/cluster", timeout=10)
     if data is None:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "ps" and args.watch:
-        from .ps_watch import watch
+        from .watch import watch
 
         return watch(args, _url(args), _headers(), _ps)
     if args.command == "ps":
@@ -167,19 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "simulate":
         return simulate_cli.run(args)
     if args.command in ("keys", "usage"):
-        from .keys import cli as keys_cli
-        from .usage import cli as usage_cli
+        from . import keys as keys_cli
+        from . import usage as usage_cli
 
         return (keys_cli if args.command == "keys" else usage_cli).run(args, _url(args),
                                                                         _headers())
     if args.command == "launch":
-        from .launch import cli as launch_cli
+        from . import launch as launch_cli
 
         return launch_cli.run(args, _url(args))
     if args.command in ("load", "unload", "pin", "unpin"):
         return _call("POST", args, f"/api/v1/models/{args.model}/{args.command}")
     if args.command == "pull":
-        from .cli_pull import pull
+        from .pull import pull
 
         return pull(_url(args), _headers(), args.source, args.timeout)
     if args.command == "rm":

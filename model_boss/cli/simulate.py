@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ..errors import BadRequest
 from ..scheduling.ordering import OrderPolicy
-from .replicas import ReplicaSettings, busiest_model, requests_of, simulate_replicas
-from .side_by_side import simulate_side_by_side
-from .simulator import MODEL_BOSS, POLICIES, TODAY, Result, SimPolicy, Trace, simulate
-from .traces import burst_trace, jsonl_trace
+from ..simulation.replicas import ReplicaSettings, busiest_model, requests_of, simulate_replicas
+from ..simulation.side_by_side import simulate_side_by_side
+from ..simulation.simulator import MODEL_BOSS, POLICIES, TODAY, Result, SimPolicy, Trace, simulate
+from ..simulation.traces import burst_trace, jsonl_trace
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([gGmM]?)[bB]?\s*$")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from .errors import error_text, network_reason
+from ..errors import error_text, network_reason
 
 
 def pull(url: str, headers: dict[str, str], source: str, timeout: float) -> int:

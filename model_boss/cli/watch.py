@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from .errors import error_text, network_reason
+from ..errors import error_text, network_reason
 
 CLEAR = "\x1b[H\x1b[2J"
 FINISHED = ("ready", "failed")
