@@ -1,6 +1,6 @@
 """``model-boss serve | ps | status | load | unload | pin | unpin | pull | rm | reload | config |
 leases | keys | usage | launch | simulate``: what each command does (the parser, its help and
-examples: cli_parser.py)."""
+examples: parser.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A pull whose hub cannot be reached (catalog/hub_reach.py): each try and retry is reported
 as it happens, and the failure says why (name resolution, refused, TLS) and how to use a
-mirror; ``model-boss pull`` prints those lines as they come (cli_pull.py)."""
+mirror; ``model-boss pull`` prints those lines as they come (cli/pull.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``ps`` tells the truth: the processor split (gpu/processor.py) and the ``model-boss ps``
-table (ps_table.py), from tables of slots."""
+table (cli/ps.py), from tables of slots."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``model-boss ps``'s tables (ps_table.py): every model in the catalog with its state, loaded
+"""``model-boss ps``'s tables (cli/ps.py): every model in the catalog with its state, loaded
 or not; one SIZE, the estimate and, once loaded, the measured figure, each labelled; and why
 FREE is less than CAPACITY - LEASED."""
 
