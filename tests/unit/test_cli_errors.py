@@ -1,6 +1,7 @@
 """Every command that talks to the daemon says what went wrong in one line on stderr and
 exits 1: a refusal (a missing or wrong key), a daemon that cannot be reached, an answer that
-is not JSON. None prints a traceback (cli/dispatch.py, watch.py, pull.py, keys.py and usage.py)."""
+is not JSON. None prints a traceback (model_boss/cli/: dispatch.py, watch.py, pull.py, keys.py
+and usage.py)."""
 
 from __future__ import annotations
 
