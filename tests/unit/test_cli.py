@@ -1,4 +1,4 @@
-"""The command line (cli/dispatch.py, cli/parser.py): what ``ps`` prints from a status document, which
+"""The command line (cli/dispatch.py, parser.py): what ``ps`` prints from a status document, which
 daemon the commands talk to, and that every command's help shows an example."""
 
 from __future__ import annotations
