@@ -14,10 +14,12 @@ cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE
 # clients: the OpenAI, Anthropic and Ollama clients the end-to-end tests drive (skipped without)
 scripts/setup.sh "llama,diffusion,transformers,test,clients"
-# Claude Code and Codex for tests/e2e/test_agents.py, into .venv/agents where npm is and they are
-# not (.ci/run installs them beside setup.sh); never a failure: without them their tests skip
+# Claude Code and Codex for tests/e2e/test_agents.py, at the versions in
+# scripts/agent_versions.txt, into .venv/agents where npm is and they are not (.ci/run installs
+# them beside setup.sh). Without npm their tests skip; with npm, agents that failed to install
+# fail their tests (the install's own error is printed here)
 scripts/install_agents.sh --if-missing || echo "NOTE: installing the coding agents failed;" \
-  "tests/e2e/test_agents.py will be SKIPPED" >&2
+  "tests/e2e/test_agents.py will FAIL" >&2
 .venv/bin/lint-imports  # the layer contract in pyproject.toml [tool.importlinter]
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
