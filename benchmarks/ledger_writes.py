@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from model_boss.usage import UsageLedger, UsageRow
+from model_boss.tenancy.usage import UsageLedger, UsageRow
 
 GOAL_ROWS_S = 5000
 

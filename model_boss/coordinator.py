@@ -25,7 +25,6 @@ from .history import History, RequestRing
 from .image_files import media_stores
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
-from .keys import KeyStore, MinuteWindows, exposure_warning
 from .library import LiveCatalog, Pulls
 from .metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
@@ -34,7 +33,8 @@ from .scheduling.router import ModelRouter
 from .settings import PreloadEntry, Settings
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
-from .usage import Spent, UsageLedger, UsageRow
+from .tenancy.keys import KeyStore, MinuteWindows, exposure_warning
+from .tenancy.usage import Spent, UsageLedger, UsageRow
 
 log = logging.getLogger(__name__)
 

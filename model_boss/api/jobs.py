@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 from ..coordinator import Coordinator
 from ..errors import NotFound
 from ..jobs import Job
-from ..keys import identity_of
 from ..scheduling.waiting import queue_place
 from ..services import ENDPOINT_BODIES, accept_job, job_key
+from ..tenancy.keys import identity_of
 from .context import coordinator_of
 from .errors import OpenAIError, documented
 

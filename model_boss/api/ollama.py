@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import BadRequest, ModelNotFound
-from ..keys import identity_of, sees
 from ..services.ollama import pulls, service
 from ..services.ollama.models import ps, show, tags
 from ..services.ollama.schemas import (
@@ -23,6 +22,7 @@ from ..services.ollama.schemas import (
     OllamaPullRequest,
     OllamaShowRequest,
 )
+from ..tenancy.keys import identity_of, sees
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OllamaError, documented, error_message
 from .pulls import ndjson

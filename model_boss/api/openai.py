@@ -14,7 +14,6 @@ from starlette.datastructures import UploadFile
 
 from ..catalog import CatalogEntry
 from ..errors import BadRequest, ModelBossError, ModelNotFound
-from ..keys import identity_of, sees
 from ..services import (
     FILES_PATH,
     IMAGES,
@@ -35,6 +34,7 @@ from ..services.responses import RESPONSES
 from ..services.schemas import OpenAIRequest, RerankRequest
 from ..services.served import Dialect
 from ..slots.slot import SlotState
+from ..tenancy.keys import identity_of, sees
 from . import anthropic
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OpenAIError, documented

@@ -31,10 +31,10 @@ from typing import Any
 import redis.asyncio as redis
 
 from ..errors import StoreUnavailable
-from ..keys import KeyRecord, KeyStore
-from ..keys.store import record_from_dict, record_to_dict
 from ..settings import QUOTAS
-from ..usage import (
+from ..tenancy.keys import KeyRecord, KeyStore
+from ..tenancy.keys.store import record_from_dict, record_to_dict
+from ..tenancy.usage import (
     Spent,
     UsageLedger,
     UsageRow,

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from ..usage import SUMMED, UsageRow, hour_of
+from ..tenancy.usage import SUMMED, UsageRow, hour_of
 
 HOUR_TTL_S = 400 * 86400
 DAY_TTL_S = 3 * 86400

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
 from ..events import EventBus
 from ..settings import Settings
-from ..usage import Meter
+from ..tenancy.usage import Meter
 from .budget import Admission, admit
 from .ordering import OrderPolicy, effective_priority, fair_rank
 from .planner import Evict, Never, Wait

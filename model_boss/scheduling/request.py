@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..endpoints import IMAGES
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
-from ..usage.figures import Figures
+from ..tenancy.usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
 from .replicas import Route
 from .seams import SlotReading

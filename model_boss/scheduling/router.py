@@ -12,9 +12,9 @@ from typing import Any
 from ..catalog import BackendKind, Catalog
 from ..catalog.tasks import TaskRegistry, TaskSpec, task_name
 from ..errors import BadRequest, Forbidden, ModelBossError
-from ..keys import model_in_scope
 from ..runtime_config import RuntimeConfig
 from ..settings import ClientProfile
+from ..tenancy.keys import model_in_scope
 from .seams import SlotBoard
 from .states import SlotState
 

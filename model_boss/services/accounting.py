@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import UpstreamResponse
 from ..endpoints import IMAGES
 from ..errors import ModelBossError
-from ..keys import end_user_label
-from ..usage import Figures, UsageRow, outcome
+from ..tenancy.keys import end_user_label
+from ..tenancy.usage import Figures, UsageRow, outcome
 from .extensions import Extensions
 
 if TYPE_CHECKING:

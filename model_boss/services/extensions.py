@@ -10,7 +10,7 @@ import orjson
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
 from ..cluster import FORWARDED_HEADER
-from ..keys import CURRENT_IDENTITY, Identity
+from ..tenancy.keys import CURRENT_IDENTITY, Identity
 from .validation import parse
 
 

@@ -23,7 +23,7 @@ from ..endpoints import endpoint_kind
 from ..errors import BadRequest, Forbidden
 from ..jobs import Job
 from ..jobs.runner import Dispatched, Reported
-from ..keys import Identity, kind_in_scope
+from ..tenancy.keys import Identity, kind_in_scope
 from .accounting import who
 from .extensions import CARRIED_IDENTITY, pop_extensions
 from .media.images import EDITS, IMAGES, edit_body, edit_images, generate_images, references

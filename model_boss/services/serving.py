@@ -32,10 +32,10 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..jobs.runner import Dispatched
-from ..keys import floored_priority
 from ..scheduling.replicas import cached_prefix_tokens, prompt_blocks, session_of
 from ..scheduling.request import QueuedRequest, SlotTicket, asked_work
 from ..scheduling.request_log import prompt_text
+from ..tenancy.keys import floored_priority
 from .accounting import Who, read_figures, unserved_row, who
 from .cancel import Departure, unless_disconnected
 from .clustered import serve_clustered

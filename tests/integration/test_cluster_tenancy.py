@@ -14,9 +14,9 @@ import pytest
 from model_boss.cluster.store import ClusterStore
 from model_boss.cluster.tenants import SharedTenancy
 from model_boss.cluster.usage_cells import increments
-from model_boss.keys import KeyStore
 from model_boss.settings import ClientProfile, Settings
-from model_boss.usage import SUMMED, UsageLedger, UsageRow, day_start, month_start
+from model_boss.tenancy.keys import KeyStore
+from model_boss.tenancy.usage import SUMMED, UsageLedger, UsageRow, day_start, month_start
 
 pytestmark = [pytest.mark.redis]
 

@@ -10,8 +10,8 @@ from pydantic import SecretStr
 
 from model_boss.api.middleware.keys import check_key, with_client
 from model_boss.errors import ConfigError
-from model_boss.keys import KeyStore
 from model_boss.settings import Settings, load_settings
+from model_boss.tenancy.keys import KeyStore
 
 from .fakes import coordinator, manifest, started_client
 

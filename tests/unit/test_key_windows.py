@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from model_boss.keys import MinuteWindows
+from model_boss.tenancy.keys import MinuteWindows
 
 
 def test_a_reading_holds_the_last_minute_and_its_token_sum():

@@ -10,10 +10,10 @@ import pytest
 
 from model_boss.api.tenants.keys import KeyChange
 from model_boss.cli.keys import LIMITS as CLI_LIMITS
-from model_boss.keys import refusal
-from model_boss.keys.policy import MinuteReading
 from model_boss.settings import LIMITS, QUOTAS, RATES, ClientProfile
-from model_boss.usage import Spent
+from model_boss.tenancy.keys import refusal
+from model_boss.tenancy.keys.policy import MinuteReading
+from model_boss.tenancy.usage import Spent
 
 
 def base_type(annotation: object) -> type:

@@ -10,7 +10,7 @@ from model_boss.errors import ModelUnavailable
 from model_boss.scheduling.queue import QueuedRequest
 from model_boss.scheduling.requestors import RequestorRegistry
 from model_boss.scheduling.waiting import queue_status
-from model_boss.usage import Figures
+from model_boss.tenancy.usage import Figures
 
 from .fakes import coordinator, manifest
 

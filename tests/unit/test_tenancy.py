@@ -93,7 +93,7 @@ async def test_a_key_is_created_listed_without_secret_rotated_and_revoked(api):
 async def test_keys_survive_a_restart(tmp_path, api):
     client, coord = api
     secret = await make_key(client, "kept", tokens_per_day=5)
-    from model_boss.keys import KeyStore
+    from model_boss.tenancy.keys import KeyStore
 
     again = KeyStore(coord.settings, coord.settings.state_path / "keys.sqlite3")
     await again.start()

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 
 from model_boss.api.errors import install_error_handlers
 from model_boss.api.tenants.usage import router
-from model_boss.keys.identity import Identity, with_identity
-from model_boss.usage import SUMMED, UsageLedger, UsageRow
+from model_boss.tenancy.keys.identity import Identity, with_identity
+from model_boss.tenancy.usage import SUMMED, UsageLedger, UsageRow
 
 DAY = datetime(2025, 5, 10, tzinfo=UTC).timestamp()
 

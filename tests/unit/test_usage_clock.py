@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_boss.usage import BusyShare
+from model_boss.tenancy.usage import BusyShare
 
 # (name, [(enter_at, leave_at) per request], expected share per request)
 CASES = [

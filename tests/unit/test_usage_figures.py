@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_boss.usage import Figures
+from model_boss.tenancy.usage import Figures
 
 
 def read(*chunks: bytes) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from model_boss.errors import BadRequest
-from model_boss.usage import (
+from model_boss.tenancy.usage import (
     SUMMED,
     LedgerUnavailable,
     UsageLedger,
@@ -22,7 +22,7 @@ from model_boss.usage import (
     day_start,
     month_start,
 )
-from model_boss.usage import ledger as ledger_module
+from model_boss.tenancy.usage import ledger as ledger_module
 
 T0 = datetime(2025, 5, 10, 22, 30, tzinfo=UTC).timestamp()  # a Saturday, 22:30 UTC
 INTS = ("prompt_tokens", "completion_tokens", "cached_tokens", "images", "steps")

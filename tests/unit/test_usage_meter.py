@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from model_boss.slot_key import SlotKey, slot_key
-from model_boss.usage.figures import Figures
-from model_boss.usage.meter import Meter
+from model_boss.tenancy.usage.figures import Figures
+from model_boss.tenancy.usage.meter import Meter
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from model_boss.metrics import Metrics
-from model_boss.usage import UsageRow
+from model_boss.tenancy.usage import UsageRow
 
 
 def test_usage_counters_by_key() -> None:

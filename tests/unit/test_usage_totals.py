@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
-from model_boss.usage import UsageRow, day_start, hour_of, month_start
-from model_boss.usage.totals import HourlyTotals, Spent
+from model_boss.tenancy.usage import UsageRow, day_start, hour_of, month_start
+from model_boss.tenancy.usage.totals import HourlyTotals, Spent
 
 NOW = datetime(2025, 3, 31, 13, 20, tzinfo=UTC).timestamp()
 

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ...keys import identity_of, sees
 from ...services import pop_extensions
 from ...services.media.sdapi import IMG2IMG, TXT2IMG, picture_models, sdapi_images
+from ...tenancy.keys import identity_of, sees
 from ..context import coordinator_of, disconnect_watch, to_response
 from ..errors import OpenAIError, documented
 from .forms import read_body

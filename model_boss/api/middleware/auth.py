@@ -12,8 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ...cluster import FORWARDED_HEADER, forward_refusal
 from ...coordinator import Coordinator
 from ...errors import BadRequest, Unauthorized
-from ...keys import CURRENT_IDENTITY, Identity, with_identity
 from ...services.clustered import FORWARDABLE
+from ...tenancy.keys import CURRENT_IDENTITY, Identity, with_identity
 from ..errors import envelope, error_response, internal_error
 from ..ollama import ADMIN_PATHS, DATA_PATHS, is_ollama_path
 from .keys import JOBS_PATH, KeyAdmission, as_key, check_key, given_key

@@ -17,7 +17,8 @@ from starlette.datastructures import Headers
 
 from ...endpoints import JOBS, endpoint_kind
 from ...errors import Forbidden, ModelBossError, Unauthorized
-from ...keys import (
+from ...settings import QUOTAS, RATES
+from ...tenancy.keys import (
     CURRENT_IDENTITY,
     Identity,
     KeyRecord,
@@ -27,8 +28,7 @@ from ...keys import (
     kind_in_scope,
     refusal,
 )
-from ...settings import QUOTAS, RATES
-from ...usage import Spent, day_start, month_start
+from ...tenancy.usage import Spent, day_start, month_start
 
 CLIENT_HEADER = b"x-client-id"
 JOBS_PATH = JOBS
@@ -104,7 +104,7 @@ class SpentReader(Protocol):
 
 class KeyAdmission:
     """A key's rates and quotas at the door of an inference route: the scope of its kind of
-    route, then :func:`~model_boss.keys.refusal` over its last minute and what it spent
+    route, then :func:`~model_boss.tenancy.keys.refusal` over its last minute and what it spent
     today and this month (the usage ledger's running totals)."""
 
     def __init__(self, windows: MinuteWindows, spent: SpentReader) -> None:

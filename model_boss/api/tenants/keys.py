@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadRequest
-from ...keys import KeyNotFound, KeyRecord, KeyStore
 from ...settings import ClientProfile, EndpointKind
+from ...tenancy.keys import KeyNotFound, KeyRecord, KeyStore
 from ..errors import OpenAIError, documented
 
 router = APIRouter(tags=["keys"], responses=documented(OpenAIError))

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from ...errors import BadRequest
-from ...keys.identity import identity_of
-from ...usage import SUMMED, day_start, group_names, rows_to_csv
+from ...tenancy.keys.identity import identity_of
+from ...tenancy.usage import SUMMED, day_start, group_names, rows_to_csv
 from ..context import coordinator_of
 from ..errors import OpenAIError, documented
 

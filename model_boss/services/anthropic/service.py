@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ...catalog import BackendKind, ModelManifest
 from ...endpoints import CHAT, COUNT_TOKENS, MESSAGES
 from ...errors import ModelBossError
-from ...keys import end_user_label
+from ...tenancy.keys import end_user_label
 from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import Chunks, Served, WorkerCall

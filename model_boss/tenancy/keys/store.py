@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadRequest, Conflict, NotFound
-from ..settings import ClientProfile, Settings
+from ...errors import BadRequest, Conflict, NotFound
+from ...settings import ClientProfile, Settings
 from .record import CONFIG, MANAGED, SECRET_PREFIX, KeyRecord, hash_secret, new_secret
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")

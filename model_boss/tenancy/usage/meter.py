@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..slot_key import SlotKey
+from ...slot_key import SlotKey
 from .clock import BusyShare
 from .figures import Figures
 from .row import UsageRow
@@ -47,7 +47,7 @@ class MeteredTicket(Protocol):
 
 
 class Meter:
-    """A busy clock per slot, that is per copy of a model (:class:`~model_boss.usage.
+    """A busy clock per slot, that is per copy of a model (:class:`~model_boss.tenancy.usage.
     BusyShare`): requests served at once on one copy split its time between them, so the
     GPU-seconds of all requests add up to the time each copy was busy, however many copies
     ran at once. A load (or an onload from RAM) is charged once, to the first request granted

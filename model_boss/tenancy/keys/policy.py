@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import ModelBossError, QuotaExceeded, RateLimited
-from ..settings import ClientProfile
+from ...errors import ModelBossError, QuotaExceeded, RateLimited
+from ...settings import ClientProfile
 from ..usage.periods import day_start, month_start
 from ..usage.totals import Spent
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..settings import ClientProfile
+from ...settings import ClientProfile
 
 SECRET_PREFIX = "mb-"  # a managed key's secret starts so (a config file's keys are as given)
 # where a key came from: the config file's api_keys / api_key / admin_api_key, or the API

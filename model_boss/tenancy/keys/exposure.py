@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..settings import Settings
+from ...settings import Settings
 
 
 def exposure_warning(settings: Settings) -> str | None:

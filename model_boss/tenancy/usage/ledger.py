@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelBossError
+from ...errors import ModelBossError
 from . import schema
 from .periods import HOUR_S, hour_of
 from .query import UsageQuery, group_names, run_query

@@ -6,7 +6,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadRequest
+from ...errors import BadRequest
 from .row import SUMMED
 from .schema import INTEGER_COLUMNS
 
