@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model_boss.coordinator import Coordinator
-from model_boss.history.timeline import KEEP_S, Step
+from model_boss.observability.history.timeline import KEEP_S, Step
 from model_boss.settings import Settings
 
 READS = ("/ui/", "/api/v1/history", "/api/v1/requests?limit=100", "/api/v1/status",

@@ -64,8 +64,8 @@ from benchmarks.proxy_overhead import (
     up,
 )
 from model_boss.api.middleware.keys import Admission, as_key, check_key, given_key
-from model_boss.tenancy.keys import Identity, KeyStore, MinuteWindows, with_identity
 from model_boss.settings import ClientProfile, Settings
+from model_boss.tenancy.keys import Identity, KeyStore, MinuteWindows, with_identity
 from model_boss.tenancy.usage import UsageRow
 from model_boss.tenancy.usage.totals import HourlyTotals
 

@@ -21,12 +21,12 @@ from .errors import ConfigError, ModelBossError
 from .events import EventBus
 from .gpu import EmbeddedLeaseStore, GPUBoss, context_fitter, discover_gpus, open_nvml
 from .gpu.lease import LeaseStore
-from .history import History, RequestRing
 from .image_files import media_stores
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
 from .library import LiveCatalog, Pulls
-from .metrics import Metrics
+from .observability.history import History, RequestRing
+from .observability.metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter

@@ -12,12 +12,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..backends.llama.report import draft_figures
+from ..observability.refresh import refresh_metrics
 from ..runtime_config import RuntimeValues
 from ..scheduling.waiting import waiting_list
 from ..slots.slot import SlotState
 from .context import coordinator_of
 from .errors import OpenAIError, documented
-from .metrics_refresh import refresh_metrics
 from .status_document import status_document
 
 router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
@@ -188,7 +188,7 @@ async def events(request: Request,
             responses={200: {"content": {"text/plain": {}}}})
 async def metrics(request: Request) -> Response:
     coord = coordinator_of(request)
-    await refresh_metrics(coord)
+    await refresh_metrics(coord.metrics, coord.queue, coord.boss, coord.pool, coord.settings)
     return Response(coord.metrics.render(), headers={"content-type": coord.metrics.content_type})
 
 

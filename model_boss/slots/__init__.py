@@ -3,10 +3,9 @@ and worker), a load as that owner's operation, load progress, the pool of owners
 making, and the CPU-RAM tier. Everything here acts; what to do comes from
 :mod:`model_boss.scheduling`, how a worker runs from :mod:`model_boss.backends`."""
 
-from .loads import model_loads, model_totals
 from .owner import SlotOwner
 from .pool import ModelPool
 from .slot import TRANSITIONS, IllegalTransition, ModelSlot, SlotState
 
 __all__ = ["TRANSITIONS", "IllegalTransition", "ModelPool", "ModelSlot", "SlotOwner",
-           "SlotState", "model_loads", "model_totals"]
+           "SlotState"]

@@ -1,5 +1,5 @@
-"""The model server protocol's gauges (model_boss.gateway): rendered from a snapshot, table-tested;
-read off a coordinator's slots and queue through GET /metrics."""
+"""The model server protocol's gauges (model_boss.observability.gateway): rendered from a
+snapshot, table-tested; read off a coordinator's slots and queue through GET /metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_boss.backends.llama.report import kv_cache_ratio
-from model_boss.gateway import GatewayCollector, ModelLoad
+from model_boss.observability.gateway import GatewayCollector, ModelLoad
 
 from .fakes import coordinator, manifest, started_client
 

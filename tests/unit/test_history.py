@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from model_boss.history import RequestRing
-from model_boss.history.timeline import KEEP_S
+from model_boss.observability.history import RequestRing
+from model_boss.observability.history.timeline import KEEP_S
 
 from .fakes import coordinator, manifest, started_client
 
@@ -261,7 +261,7 @@ def test_the_grafana_board_reads_only_metrics_the_daemon_exports():
     import re
     from pathlib import Path
 
-    from model_boss.metrics import Metrics
+    from model_boss.observability.metrics import Metrics
 
     board = json.loads((Path(__file__).parents[2] / "docs" / "grafana-board.json").read_text())
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_boss.api.metrics_refresh import refresh_metrics
 from model_boss.errors import RateLimited
+from model_boss.observability.refresh import refresh_metrics
 from model_boss.scheduling.queue import QueuedRequest
 from model_boss.slots.slot import SlotState
 
@@ -66,7 +66,7 @@ async def test_queue_limits_answer_429(tmp_path, limits, clients, code):
         holder.release()
         for task in waiting:
             (await asyncio.wait_for(task, 2)).release()
-        await refresh_metrics(coord)
+        await refresh_metrics(coord.metrics, coord.queue, coord.boss, coord.pool, coord.settings)
         text = coord.metrics.render().decode()
         assert f'model_boss_queue_rejected_total{{model="a",reason="{code}"}} 1.0' in text
         assert 'model_boss_queue_limit{scope="per_client"}' in text
@@ -218,7 +218,7 @@ async def test_a_full_queue_refuses_before_the_body_is_read(tmp_path):
         assert status["by_priority"] == {"5": 3}
         assert {m["id"]: m["queued"] for m in whole["models"]} == {"a": 3}
         assert len(queue_status(coord.queue, shown=2)["waiting"]) == 2
-        await refresh_metrics(coord)
+        await refresh_metrics(coord.metrics, coord.queue, coord.boss, coord.pool, coord.settings)
         text = coord.metrics.render().decode()
         assert 'model_boss_queue_rejected_total{model="",reason="queue_full"} 5.0' in text
         holder.release()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model_boss.metrics import Metrics
+from model_boss.observability.metrics import Metrics
 from model_boss.tenancy.usage import UsageRow
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..scheduling.request_log import RequestLog
+from ...scheduling.request_log import RequestLog
 
 Row = dict[str, Any]
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..gpu import GPUBoss
-    from ..scheduling.queue import InferenceQueue
-    from ..slots.pool import ModelPool
+    from ...gpu import GPUBoss
+    from ...scheduling.queue import InferenceQueue
+    from ...slots.pool import ModelPool
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, expo
 from .gateway import GatewayCollector
 
 if TYPE_CHECKING:
-    from .tenancy.usage.row import UsageRow
+    from ..tenancy.usage.row import UsageRow
 
 # What generate_latest writes: the text format 0.0.4 (newer prometheus_client releases name
 # it CONTENT_TYPE_PLAIN_0_0_4, as their CONTENT_TYPE_LATEST moved on to 1.0.0)

@@ -1,13 +1,13 @@
 """What each model has waiting and running, read off its slot and the queue, for the
-metrics an inference gateway's picker reads (:mod:`model_boss.gateway`)."""
+metrics an inference gateway's picker reads (:mod:`model_boss.observability.gateway`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
 
-from ..gateway import ModelLoad
-from .slot import ModelSlot, SlotState
+from ..slots.slot import ModelSlot, SlotState
+from .gateway import ModelLoad
 
 
 async def model_loads(slots: Mapping[str, ModelSlot],
