@@ -15,7 +15,6 @@ from ..services.media.sdapi import IMG2IMG
 from ..services.media.videos import VIDEOS
 from ..settings import Settings, load_settings
 from . import admin, anthropic, dashboard, history, jobs, leases, llamacpp, ollama, openai, pulls
-from .drain import DrainGate
 from .errors import install_error_handlers
 from .media import images as media_images
 from .media import sdapi, videos
@@ -31,6 +30,7 @@ from .middleware import (
     take_direct_routes,
     with_cors,
 )
+from .middleware.drain import DrainGate
 from .openapi_doc import DOCS_ASSETS, document_bounds, offline_redoc
 from .tenants import keys as tenant_keys
 from .tenants import usage as tenant_usage

@@ -21,7 +21,7 @@ from types import FrameType
 
 import uvicorn
 
-from ...slots.drain import Drain
+from ..slots.drain import Drain
 
 log = logging.getLogger(__name__)
 

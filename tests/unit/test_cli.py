@@ -171,7 +171,7 @@ def test_serve_keeps_the_collector_off_what_lives_as_long_as_the_daemon():
     are collected less often than Python's default; nothing else of the collector changes."""
     import gc
 
-    from model_boss.cli.dispatch import YOUNG_COLLECTION_EVERY, quiet_collector
+    from model_boss.daemon.start import YOUNG_COLLECTION_EVERY, quiet_collector
 
     threshold = gc.get_threshold()
     try:

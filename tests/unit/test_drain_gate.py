@@ -1,4 +1,4 @@
-"""The drain at the HTTP edge (model_boss/api/drain/gate.py), over a bare ASGI app: refusals
+"""The drain at the HTTP edge (model_boss/api/middleware/drain.py), over a bare ASGI app: refusals
 while draining, and the end of a request the drain cuts, in its API's shape."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from model_boss.api.drain import DrainGate
+from model_boss.api.middleware.drain import DrainGate
 from model_boss.slots.drain import Drain
 
 

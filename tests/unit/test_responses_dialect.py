@@ -184,6 +184,6 @@ def test_comments_pass_untouched() -> None:
 
 
 def test_a_drained_responses_stream_ends_with_the_numbered_error_event() -> None:
-    from model_boss.api.drain import stream_end
+    from model_boss.api.middleware.drain import stream_end
 
     assert stream_end("/v1/responses") == DIALECT.stream_end == stream_end("/responses")
