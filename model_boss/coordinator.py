@@ -16,6 +16,8 @@ import psutil
 from .backends.processes import reap_orphans
 from .backends.spare import DIFFUSERS, TRANSFORMERS
 from .catalog import BackendKind, build_catalog
+from .catalog.live import LiveCatalog
+from .catalog.pulls import Pulls
 from .catalog.tasks import TaskRegistry
 from .errors import ConfigError, ModelBossError
 from .events import EventBus
@@ -24,13 +26,13 @@ from .gpu.lease import LeaseStore
 from .image_files import media_stores
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
-from .library import LiveCatalog, Pulls
 from .observability.history import History, RequestRing
 from .observability.metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
 from .scheduling.queue import InferenceQueue
 from .scheduling.router import ModelRouter
 from .settings import PreloadEntry, Settings
+from .slots.changes import take_catalog_change
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
 from .tenancy.keys import KeyStore, MinuteWindows, exposure_warning
@@ -89,9 +91,13 @@ class Coordinator:
             state_file=settings.state_path / "runtime_config.json",
             redis_url=settings.redis_url)
         self.router = ModelRouter(self.catalog, self.tasks, self.pool, self.runtime)
-        self.live = LiveCatalog(settings, self.catalog, self.tasks, self.pool, self.events,
+        drain_s = settings.request_timeout_s
+        self.live = LiveCatalog(settings, self.catalog, self.tasks, self.events,
+                                lambda diff: take_catalog_change(self.pool, diff, drain_s),
                                 fit=self.context_fit)
-        self.pulls = Pulls(settings, self.catalog, self.pool, self.events, self.reload)
+        self.pulls = Pulls(settings, self.catalog, self.events, self.reload,
+                           lambda model_id, why: self.pool.unload(model_id, why,
+                                                                  wait_s=drain_s))
         for position, preload in enumerate(settings.preload):
             if preload.model not in self.catalog:
                 known = ", ".join(sorted(e.manifest.id for e in self.catalog)) or "none"

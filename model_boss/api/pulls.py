@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from ..catalog.pull import parse_source
+from ..catalog.pulls.download import parse_source
 from ..errors import ModelBossError
 from .context import coordinator_of
 from .errors import OpenAIError, documented

@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub.utils import _http as hub_http
 
 from model_boss.catalog.hub_reach import HubUnavailable, in_words
-from model_boss.catalog.pull import parse_source, pull_files
+from model_boss.catalog.pulls.download import parse_source, pull_files
 from model_boss.cli import pull as cli_pull
 from model_boss.errors import network_reason
 from tests.hub_standin import HubStandin

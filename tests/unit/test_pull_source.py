@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from model_boss.catalog import Catalog
-from model_boss.catalog import pull as pull_module
+from model_boss.catalog.pulls import download as pull_module
 from model_boss.catalog.discovery import discover, scan
 from model_boss.catalog.hub_source import InvalidHubName, name_problem
-from model_boss.catalog.pull import (
+from model_boss.catalog.pulls.download import (
     NoRoom,
     PullCancelled,
     PullSource,
@@ -19,7 +19,7 @@ from model_boss.catalog.pull import (
     parse_source,
     pull_files,
 )
-from model_boss.catalog.pull_folder import choose_folder_files
+from model_boss.catalog.pulls.folder import choose_folder_files
 from model_boss.errors import BadRequest, ModelNotFound
 from tests.hub_standin import HubStandin
 

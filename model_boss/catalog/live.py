@@ -4,7 +4,8 @@ Manifests, ``tasks_file`` and ``models_dir`` are watched (watchfiles); a change,
 ``POST /api/v1/reload`` reads everything again. The new catalog is built and checked whole
 first: a file that fails to parse keeps the previous catalog and tasks untouched, and the error
 (naming the file and the field) is kept for ``/api/v1/status``. A good one is adopted in one
-step; then the slots follow (:func:`~.slots.changes.take_catalog_change`): a removed model is
+step; then the slots follow (``follow``, wired to
+:func:`~model_boss.slots.changes.take_catalog_change`): a removed model is
 drained and stopped, a changed one whose worker flags changed is drained and reloaded at its
 next request, any other change applies at once.
 """
@@ -17,31 +18,33 @@ import logging
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog, ContextFit, build_catalog, diff_catalogs
-from ..catalog.discovery import PARTIAL_SUFFIXES, PULLS_FILE
-from ..catalog.tasks import TaskRegistry
 from ..errors import ConfigError
 from ..events import EventBus
 from ..settings import Settings
-from ..slots.changes import take_catalog_change
-from ..slots.pool import ModelPool
+from . import Catalog, CatalogDiff, ContextFit, build_catalog, diff_catalogs
+from .discovery import PARTIAL_SUFFIXES, PULLS_FILE
+from .tasks import TaskRegistry
 
 log = logging.getLogger(__name__)
+
+# what the slots do once a changed catalog is adopted: drain and stop the removed models, ...
+Follow = Callable[[CatalogDiff], Awaitable[None]]
 
 
 class LiveCatalog:
     """Reloads ``catalog`` and ``tasks`` in place (everyone holds these same objects)."""
 
     def __init__(self, settings: Settings, catalog: Catalog, tasks: TaskRegistry,
-                 pool: ModelPool, events: EventBus, fit: ContextFit | None = None) -> None:
+                 events: EventBus, follow: Follow, fit: ContextFit | None = None) -> None:
         self.settings = settings
         self.fit = fit  # the contexts' fit to the GPUs, as the first catalog was built with
         self.catalog = catalog
         self.tasks = tasks
-        self.pool = pool
+        self.follow = follow
         self.events = events
         self.errors: list[str] = []  # why the last reload kept the previous catalog
         self.reloaded_at: float | None = None
@@ -72,7 +75,7 @@ class LiveCatalog:
             log.info("catalog reloaded (%s): added %s, changed %s, removed %s", trigger,
                      diff.added, diff.changed, diff.removed)
             self.events.emit("catalog_reloaded", trigger=trigger, **diff.to_dict())
-            self._spawn(take_catalog_change(self.pool, diff, self.settings.request_timeout_s))
+            self._spawn(self.follow(diff))
         return {**diff.to_dict(), "errors": []}
 
     def status(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     BadRequest,
     Forbidden,
     ModelBossError,
@@ -34,11 +34,11 @@ from ..errors import (
     UpstreamError,
     network_reason,
 )
-from .discovery import PULLS_FILE, SPLIT, read_pulls, transformers_kind
-from .hub_reach import HubRetries, HubUnavailable, hub_endpoint, unreachable
-from .hub_source import InvalidHubName, PullSource
-from .hub_source import parse_source as parse_source  # where its callers import it from
-from .pull_folder import choose_folder_files, is_folder_repo
+from ..discovery import PULLS_FILE, SPLIT, read_pulls, transformers_kind
+from ..hub_reach import HubRetries, HubUnavailable, hub_endpoint, unreachable
+from ..hub_source import InvalidHubName, PullSource
+from ..hub_source import parse_source as parse_source  # where its callers import it from
+from .folder import choose_folder_files, is_folder_repo
 
 Report = Callable[[dict[str, Any]], None]
 # the quantization picked when a repository holds several and the source names none

@@ -1,6 +1,6 @@
 """Pulls and removals: models fetched into ``models_dir`` and taken out of it, while running.
 
-A pull runs in a thread (:func:`~.catalog.pull.pull_files`), one per source at a time (a second
+A pull runs in a thread (:func:`~.download.pull_files`), one per source at a time (a second
 ask for the same source follows the first); its progress goes to whoever asked, and to
 ``/api/v1/events`` as ``pull_progress``. A finished pull reloads the catalog, which serves the
 file under its discovered name. A failed or cancelled pull leaves nothing in ``models_dir``
@@ -20,16 +20,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog
-from ..catalog.pull import PullSource, forget_pulls, parse_source, pull_files
-from ..errors import BadRequest, ModelBossError, ModelNotFound, NotFound
-from ..events import EventBus
-from ..settings import Settings
-from ..slots.pool import ModelPool
+from ...errors import BadRequest, ModelBossError, ModelNotFound, NotFound
+from ...events import EventBus
+from ...settings import Settings
+from .. import Catalog
+from .download import PullSource, forget_pulls, parse_source, pull_files
 
 log = logging.getLogger(__name__)
 
 Reload = Callable[[str], Awaitable[dict[str, Any]]]
+# a model's worker drained and stopped before its files go: (model id, reason)
+Unload = Callable[[str, str], Awaitable[object]]
 DONE = object()
 
 
@@ -51,11 +52,11 @@ class Pull:
 
 
 class Pulls:
-    def __init__(self, settings: Settings, catalog: Catalog, pool: ModelPool,
-                 events: EventBus, reload: Reload) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog, events: EventBus, reload: Reload,
+                 unload: Unload) -> None:
         self.settings = settings
         self.catalog = catalog
-        self.pool = pool
+        self.unload = unload
         self.events = events
         self.reload = reload
         self.active: dict[str, Pull] = {}  # by source
@@ -150,7 +151,7 @@ class Pulls:
         if entry.path is None or not entry.path.exists():
             raise ModelNotFound(f"the files of '{manifest.id}' are gone already",
                                 param="model")
-        await self.pool.unload(manifest.id, "removed", wait_s=self.settings.request_timeout_s)
+        await self.unload(manifest.id, "removed")
         removed = self._files(entry.path)
         for path in removed:
             if path.is_dir() and not path.is_symlink():
@@ -166,7 +167,7 @@ class Pulls:
     def _files(path: Path) -> list[Path]:
         """The model's files: a split model's every part (its projector stays: the other
         quantizations beside it may use it)."""
-        from ..catalog.discovery import SPLIT
+        from ..discovery import SPLIT
 
         split = SPLIT.match(path.name[:-len(".gguf")]) if path.name.endswith(".gguf") else None
         if not split:
