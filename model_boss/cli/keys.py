@@ -1,7 +1,6 @@
 """``model-boss keys create|list|update|rotate|revoke``: the key API from the command line
 (``/api/v1/keys``, an admin key in ``MODEL_BOSS_ADMIN_API_KEY``). ``create`` and ``rotate``
-print the secret alone on their last line, so a script can take it with ``tail -1``.
-Imported by the command line only (it needs httpx)."""
+print the secret alone on their last line, so a script can take it with ``tail -1``."""
 
 from __future__ import annotations
 
@@ -9,24 +8,21 @@ import argparse
 import sys
 from typing import Any
 
-import httpx
-
-from ..errors import error_text, network_reason
 from ..settings import LIMITS
+from .client import DaemonClient
+from .command import Subparsers, add_command
+from .table import columns, exact_figure
 
-EXAMPLE = "model-boss keys create alice --models 'qwen*' --tokens-per-day 2000000"
-
-# the limit flags: --NAME-WITH-DASHES → the API's field, and its type (settings.LIMITS)
-SHOWN = ("name", "prefix", "admin", "models", "endpoints", "expires_at", "revoked_at")
+EXAMPLES = ("model-boss keys create alice --models 'qwen*' --tokens-per-day 2000000",
+            "model-boss keys revoke alice")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "keys", help="create, list, change, rotate or revoke API keys",
+def add_parser(sub: Subparsers) -> None:
+    parser = add_command(
+        sub, "keys", run, summary="create, list, change, rotate or revoke API keys",
         description="API keys as tenants: each has a scope (models, kinds of route), limits "
                     "(rates, quotas) and an expiry. The secret is shown once.",
-        epilog=f"example:\n  {EXAMPLE}\n  model-boss keys revoke alice",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        examples=EXAMPLES)
     parser.add_argument("action", choices=["create", "list", "update", "rotate", "revoke"])
     parser.add_argument("name", nargs="?", help="the key's name (all but list)")
     parser.add_argument("--models", help="comma-separated names or globs it may use "
@@ -36,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
                         help="it may use the admin API")
     parser.add_argument("--expires-at", help="ISO 8601 (UTC without a zone); 'never' clears")
+    # the limit flags: --NAME-WITH-DASHES → the API's field, and its type (settings.LIMITS)
     for name, kind in LIMITS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=_limit(kind), metavar="N",
                             default=argparse.SUPPRESS, help="'none' clears it")
@@ -65,7 +62,7 @@ def terms(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
-def run(args: argparse.Namespace, url: str, headers: dict[str, str]) -> int:
+def run(args: argparse.Namespace, client: DaemonClient) -> int:
     if args.action != "list" and not args.name:
         print(f"model-boss: keys {args.action} needs a key name", file=sys.stderr)
         return 2
@@ -75,25 +72,11 @@ def run(args: argparse.Namespace, url: str, headers: dict[str, str]) -> int:
              "rotate": ("POST", f"/api/v1/keys/{args.name}/rotate", None),
              "revoke": ("DELETE", f"/api/v1/keys/{args.name}", None)}
     method, path, body = calls[args.action]
-    try:
-        response = httpx.request(method, url + path, json=body, headers=headers,
-                                 timeout=getattr(args, "timeout", 60.0))
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        print(f"model-boss: cannot reach {url}: {network_reason(exc)}", file=sys.stderr)
-        return 1
-    if response.status_code >= 400:
-        print(f"model-boss: {error_text(response.content, response.status_code)}",
-              file=sys.stderr)
-        return 1
-    try:
-        data = response.json()
-    except ValueError:
-        print(f"model-boss: {url} answered something other than JSON", file=sys.stderr)
-        return 1
+    data = client.request(method, path, body)
     if args.action == "list":
-        print(format_keys(data.get("keys", [])))
+        print(client.readable(lambda listed: format_keys(listed.get("keys", [])), data))
         return 0
-    print(format_keys([data]))
+    print(client.readable(lambda key: format_keys([key]), data))
     if data.get("key"):  # the secret, alone on the last line: shown this once
         print(f"the key's secret (shown once, store it now):\n{data['key']}")
     return 0
@@ -103,19 +86,11 @@ def format_keys(keys: list[dict[str, Any]]) -> str:
     """One line a key: name, prefix, scope, limits, expiry or revocation."""
     rows = [["NAME", "PREFIX", "ADMIN", "MODELS", "ENDPOINTS", "LIMITS", "EXPIRES", "REVOKED"]]
     for key in keys:
-        limits = ", ".join(f"{name}={_figure(key[name])}" for name in LIMITS
+        limits = ", ".join(f"{name}={exact_figure(key[name])}" for name in LIMITS
                            if key.get(name) is not None)
-        rows.append([key["name"], key.get("prefix") or "-", "yes" if key.get("admin") else "no",
-                     (",".join(key["models"]) or "(none)") if key.get("models") is not None
-                     else "*",
-                     ",".join(key["endpoints"]) if key.get("endpoints") is not None else "*",
-                     limits or "-", key.get("expires_at") or "-", key.get("revoked_at") or "-"])
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    lines = ("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True))
-             for row in rows)
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _figure(value: float) -> str:
-    """2000000 as 2000000 (not 2e+06), 0.5 as 0.5."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+        row = [key["name"], key.get("prefix") or "-", "yes" if key.get("admin") else "no",
+               (",".join(key["models"]) or "(none)") if key.get("models") is not None else "*",
+               ",".join(key["endpoints"]) if key.get("endpoints") is not None else "*",
+               limits or "-", key.get("expires_at") or "-", key.get("revoked_at") or "-"]
+        rows.append([str(cell) for cell in row])
+    return "\n".join(columns(rows))

@@ -14,19 +14,16 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import httpx
-
 from ..launch.agents import AGENTS
 from ..launch.daemon import LaunchError, served_model
 from ..launch.fit import find_manifest, needed_context, refusal
 from ..launch.plan import Target
+from .client import DaemonClient
+from .command import Subparsers, add_command
 
-EXAMPLE = """\
-example:
-  model-boss launch claude --model qwen2.5-coder-7b
-  model-boss launch codex --model qwen2.5-coder-7b -- exec "add a test for parse()"
-  model-boss launch claude --dry-run        what it would set, and the command line
-"""
+EXAMPLES = ("model-boss launch claude --model qwen2.5-coder-7b",
+            'model-boss launch codex --model qwen2.5-coder-7b -- exec "add a test for parse()"',
+            "model-boss launch claude --dry-run        what it would set, and the command line")
 PROMPT = "model-boss launch"
 MANIFEST_FOLDERS = (Path("manifests"),)  # where the refusal looks for the file to edit
 QUERY_TIMEOUT_S = 30.0
@@ -45,42 +42,41 @@ def _options(parser: argparse.ArgumentParser) -> None:
                         help="show what would be set and print the command line; start nothing")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: Subparsers) -> None:
     names = ", ".join(AGENTS)
-    parser = sub.add_parser(
-        "launch", help=f"start a coding agent on a model of this daemon ({names})",
+    parser = add_command(
+        sub, "launch", run, summary=f"start a coding agent on a model of this daemon ({names})",
         description=f"Start a coding agent ({names}) with the environment and options it "
                     "needs to use this daemon's model, then hand over to it. What follows "
                     "the agent's name is its own, but for these options first; after -- "
                     "all of it is.",
-        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+        examples=EXAMPLES)
     parser.add_argument("agent", choices=list(AGENTS))
     _options(parser)
     parser.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- AGENT ARGS",
                         help="passed to the agent unchanged")
 
 
-def run(args: argparse.Namespace, url: str, environ: Mapping[str, str] | None = None,
-        execute: Execute = os.execvpe, files_dir: Path | None = None,
-        transport: httpx.BaseTransport | None = None) -> int:
-    """Launch ``args.agent`` on the daemon at ``url`` (``--url`` wins); ``execute`` replaces
-    this process with it, ``transport`` carries the questions to the daemon (tests' seams).
-    The status when it does not start."""
+def run(args: argparse.Namespace, client: DaemonClient, environ: Mapping[str, str] | None = None,
+        execute: Execute = os.execvpe, files_dir: Path | None = None) -> int:
+    """Launch ``args.agent`` on ``client``'s daemon (``--url`` wins) with the agent's key, not
+    the admin's; ``execute`` replaces this process with it (a test's seam). The status when
+    it does not start."""
     environ = dict(os.environ if environ is None else environ)
     agent_args = _take_options(args)
     agent = AGENTS[args.agent]
-    url = (args.launch_url or url).rstrip("/")
     key = args.key or environ.get("MODEL_BOSS_API_KEY") or None
+    daemon = DaemonClient(args.launch_url or client.url, key, transport=client.transport,
+                          timeout=min(QUERY_TIMEOUT_S, client.timeout))
+    url = daemon.url
     binary = shutil.which(agent.binary, path=environ.get("PATH", os.defpath))
     if binary is None and not args.dry_run:
         print(f"model-boss: {agent.binary} is not installed (not on PATH): {agent.install}",
               file=sys.stderr)
         return NOT_FOUND
-    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
-        with httpx.Client(base_url=url, headers=headers, transport=transport,
-                          timeout=min(QUERY_TIMEOUT_S, getattr(args, "timeout", 30.0))) as http:
-            model = served_model(http, args.model)
+        with daemon:
+            model = served_model(daemon.http, args.model)
     except LaunchError as exc:
         print(f"model-boss: {exc.message}", file=sys.stderr)
         return exc.status

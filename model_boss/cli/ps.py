@@ -1,10 +1,54 @@
-"""``model-boss ps``: the status document as tables, GPUs, their leases, then models. Pure
-formatting (status dict and a clock in, text out), so what ``ps`` claims is tested without a
-daemon."""
+"""``model-boss ps``: the status document as tables, GPUs, their leases, then models (``--watch``
+redraws them on every event, ``--cluster`` draws the cluster's); ``model-boss status``: that
+document as JSON. The tables are pure formatting (:func:`render_ps`: status dict and a clock
+in, text out), so what ``ps`` claims is tested without a daemon."""
 
 from __future__ import annotations
 
+import argparse
+import time
 from typing import Any
+
+from .client import TABLE_TIMEOUT_S, DaemonClient
+from .command import Subparsers, add_command, print_json
+
+
+def add_parser(sub: Subparsers) -> None:
+    parser = add_command(sub, "ps", run, summary="GPUs, their leases, and every model of a "
+                         "running daemon and its state", examples=("model-boss ps --watch",))
+    parser.add_argument("--cluster", action="store_true",
+                        help="every member of its cluster and their models")
+    parser.add_argument("--watch", action="store_true",
+                        help="redraw on every event; loads show their stage")
+    add_command(sub, "status", status, summary="the full status document as JSON",
+                examples=("model-boss status > status.json",))
+
+
+def run(args: argparse.Namespace, client: DaemonClient) -> int:
+    if args.watch:
+        from .watch import watch
+
+        return watch(args, client, draw)
+    draw(args, client)
+    return 0
+
+
+def draw(args: argparse.Namespace, client: DaemonClient) -> None:
+    """The tables once: this daemon's (from its status document), or its cluster's."""
+    if args.cluster:
+        from .cluster import format_cluster
+
+        print(client.readable(format_cluster,
+                              client.get("/api/v1/cluster", timeout=TABLE_TIMEOUT_S)))
+        return
+    document = client.get("/api/v1/status", timeout=TABLE_TIMEOUT_S)
+    # the server's clock: countdowns (UNTIL, lease expiry) read right from another host
+    print(client.readable(lambda status: render_ps(status, status.get("time", time.time())),
+                          document))
+
+
+def status(args: argparse.Namespace, client: DaemonClient) -> int:
+    return print_json(client.get("/api/v1/status"))
 
 
 def human_size(mb: int | float | None) -> str:

@@ -23,6 +23,8 @@ from ..simulation.replicas import ReplicaSettings, busiest_model, requests_of, s
 from ..simulation.side_by_side import simulate_side_by_side
 from ..simulation.simulator import MODEL_BOSS, POLICIES, TODAY, Result, SimPolicy, Trace, simulate
 from ..simulation.traces import burst_trace, jsonl_trace
+from .client import DaemonClient
+from .command import Subparsers, add_command
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([gGmM]?)[bB]?\s*$")
 
@@ -31,11 +33,10 @@ EXAMPLE = ("model-boss simulate --trace ~/.local/state/model-boss/requests.jsonl
            "--parallel 2")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("simulate", help="replay a request log through the scheduler",
-                            description="Replay a request log through the scheduler.",
-                            epilog=f"example:\n  {EXAMPLE}",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(sub: Subparsers) -> None:
+    parser = add_command(sub, "simulate", run, summary="replay a request log through the "
+                         "scheduler", description="Replay a request log through the scheduler.",
+                         examples=(EXAMPLE,))
     parser.add_argument("--trace", type=Path,
                         help="request log (state_dir/requests.jsonl); needed unless "
                              "--replicas is given")
@@ -74,7 +75,8 @@ def parse_gpus(text: str) -> int:
     return total
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, client: DaemonClient) -> int:
+    """Replay offline (no daemon: ``client`` unused)."""
     if args.replicas > 0:
         return _replicas(args)
     try:

@@ -15,30 +15,34 @@ from typing import Any
 
 import httpx
 
-from ..errors import error_text, network_reason
+from .client import (
+    TABLE_TIMEOUT_S,
+    DaemonClient,
+    DaemonError,
+    DaemonUnreachable,
+    DaemonUnreadable,
+)
 
 CLEAR = "\x1b[H\x1b[2J"
 FINISHED = ("ready", "failed")
 
+DrawTable = Callable[[argparse.Namespace, DaemonClient], None]
 
-def watch(args: argparse.Namespace, url: str, headers: dict[str, str],
-          draw_table: Callable[[argparse.Namespace], int]) -> int:
-    """Draw, then redraw on every event until interrupted (Ctrl-C) or the server goes; a
-    refusal or a lost connection is one line on stderr and exit status 1."""
+
+def watch(args: argparse.Namespace, client: DaemonClient, draw_table: DrawTable) -> int:
+    """Draw, then redraw on every event until interrupted (Ctrl-C, status 0) or the server
+    goes; a refusal or a lost connection is a :class:`DaemonError`."""
     loads: dict[str, dict[str, Any]] = {}
     try:
-        status = _get(url + "/api/v1/status", headers)
+        status = _document(client, "/api/v1/status")
         for slot in status.get("slots", []):
             if slot.get("load_progress"):
                 loads[slot["model"]] = {**slot["load_progress"], "at": time.time()}
-        recent = _get(url + "/api/v1/events?stream=false", headers).get("events") or []
+        recent = _document(client, "/api/v1/events?stream=false").get("events") or []
         since = recent[-1]["seq"] if recent else 0
-        if _draw(args, loads, draw_table) != 0:
-            return 1
-        with httpx.stream("GET", f"{url}/api/v1/events?since={since}", headers=headers,
-                          timeout=httpx.Timeout(10, read=None)) as stream:
-            if stream.status_code >= 400:
-                raise Refused(error_text(stream.read(), stream.status_code))
+        _draw(args, client, loads, draw_table)
+        with client.stream("GET", f"/api/v1/events?since={since}",
+                           timeout=httpx.Timeout(TABLE_TIMEOUT_S, read=None)) as stream:
             for line in stream.iter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -48,49 +52,33 @@ def watch(args: argparse.Namespace, url: str, headers: dict[str, str],
                         loads.pop(event["model"], None)
                     else:
                         loads[event["model"]] = {**event, "at": time.time()}
-                if _draw(args, loads, draw_table) != 0:
-                    return 1
+                _draw(args, client, loads, draw_table)
     except KeyboardInterrupt:
         return 0
-    except Refused as exc:
-        print(f"model-boss: {exc}", file=sys.stderr)
-        return 1
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        print(f"model-boss: lost {url}: {network_reason(exc)}", file=sys.stderr)
-        return 1
+    except DaemonUnreachable as exc:
+        raise DaemonError(f"lost {exc.url}: {exc.reason}") from exc
     except (ValueError, KeyError, TypeError) as exc:
-        print(f"model-boss: {url} sent an event this command cannot read "
-              f"({type(exc).__name__}: {exc})", file=sys.stderr)
-        return 1
+        raise DaemonUnreadable(f"{client.url} sent an event this command cannot read "
+                               f"({type(exc).__name__}: {exc})") from exc
     return 0
 
 
-class Refused(Exception):
-    """The daemon answered with an error: its message."""
-
-
-def _get(url: str, headers: dict[str, str]) -> dict[str, Any]:
-    response = httpx.get(url, headers=headers, timeout=10)
-    if response.status_code >= 400:
-        raise Refused(error_text(response.content, response.status_code))
-    data = response.json()
+def _document(client: DaemonClient, path: str) -> dict[str, Any]:
+    data = client.get(path, timeout=TABLE_TIMEOUT_S)
     if not isinstance(data, dict):
-        raise ValueError(f"{url} answered {type(data).__name__}, not an object")
+        raise ValueError(f"{client.url}{path} answered {type(data).__name__}, not an object")
     return data
 
 
-def _draw(args: argparse.Namespace, loads: dict[str, dict[str, Any]],
-          draw_table: Callable[[argparse.Namespace], int]) -> int:
-    """The table and the loads under it; the table's exit status (not 0: it said why)."""
+def _draw(args: argparse.Namespace, client: DaemonClient, loads: dict[str, dict[str, Any]],
+          draw_table: DrawTable) -> None:
+    """The table and the loads under it."""
     if sys.stdout.isatty():
         print(CLEAR, end="")
-    drawn = draw_table(args)
-    if drawn != 0:
-        return drawn
+    draw_table(args, client)
     for model, load in sorted(loads.items()):
         print(loading_line(model, load))
     print(time.strftime("updated %H:%M:%S (Ctrl-C to stop)"), flush=True)
-    return 0
 
 
 def loading_line(model: str, load: dict[str, Any]) -> str:

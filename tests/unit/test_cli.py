@@ -1,9 +1,10 @@
-"""The command line (cli/dispatch.py, parser.py): what ``ps`` prints from a status document, which
-daemon the commands talk to, and that every command's help shows an example."""
+"""The command line (cli/dispatch.py, parser.py): what ``ps`` prints from a status document,
+which daemon the commands talk to, and that every command's help shows an example."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import httpx
@@ -17,21 +18,23 @@ from model_boss.gpu.lease import Lease
 NOW = 1_700_000_000.0
 
 
+class Daemon:
+    """A stand-in for the daemon's HTTP answers: ``status`` is what ``GET /api/v1/status``
+    returns; ``urls`` the URLs asked for; ``transport`` carries the CLI's questions to it."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {}
+        self.urls: list[str] = []
+        self.transport = httpx.MockTransport(self.answer)
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        self.urls.append(str(request.url))
+        return httpx.Response(200, json=self.status)
+
+
 @pytest.fixture
-def daemon(monkeypatch):
-    """A stand-in for the daemon's HTTP answers: ``daemon.status`` is what
-    ``GET /api/v1/status`` returns; ``daemon.urls`` the URLs asked for."""
-
-    class Daemon:
-        status: dict[str, Any] = {}
-        urls: list[str] = []
-
-    def request(method: str, url: str, **_: Any) -> httpx.Response:
-        Daemon.urls.append(url)
-        return httpx.Response(200, json=Daemon.status)
-
-    monkeypatch.setattr(httpx, "request", request)
-    return Daemon
+def daemon() -> Daemon:
+    return Daemon()
 
 
 def _status_with_an_outside_lease() -> dict[str, Any]:
@@ -69,7 +72,7 @@ def _table(text: str, header: str) -> list[list[str]]:
 
 def test_ps_lists_every_lease_and_the_leased_figures_add_up(daemon, capsys):
     daemon.status = _status_with_an_outside_lease()
-    assert main(["ps"]) == 0
+    assert main(["ps"], transport=daemon.transport) == 0
     out = capsys.readouterr().out
     leases = _table(out, "LEASE HOLDER")
     assert leases == [
@@ -94,7 +97,7 @@ def test_ps_lists_every_lease_and_the_leased_figures_add_up(daemon, capsys):
 
 def test_ps_says_when_no_lease_is_held(daemon, capsys):
     daemon.status = {**_status_with_an_outside_lease(), "leases": [], "slots": []}
-    assert main(["ps"]) == 0
+    assert main(["ps"], transport=daemon.transport) == 0
     out = capsys.readouterr().out
     assert "(no leases)" in out
     assert [row[-2] for row in _table(out, "GPU ")] == ["0", "0"]
@@ -115,7 +118,7 @@ def test_the_daemon_is_url_else_model_boss_url_else_model_boss_port(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     daemon.status = _status_with_an_outside_lease()
-    assert main([*argv, "ps"]) == 0
+    assert main([*argv, "ps"], transport=daemon.transport) == 0
     assert daemon.urls == [url + "/api/v1/status"]
     if not argv:
         assert default_url(env) == url
@@ -150,16 +153,16 @@ def test_the_top_level_help_shows_examples_and_the_environment(capsys):
         assert name in out.split("environment:")[1]
 
 
-def test_leases_acquire_sends_its_holder_and_note(monkeypatch, capsys):
+def test_leases_acquire_sends_its_holder_and_note(capsys):
     sent = []
 
-    def request(method, url, json=None, **_kw):
-        sent.append((method, url, json))
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append((request.method, str(request.url), json.loads(request.content)))
         return httpx.Response(201, json={"id": "lease-1"})
 
-    monkeypatch.setattr(httpx, "request", request)
     assert main(["--url", "http://mb", "leases", "acquire", "--vram-mb", "3000",
-                 "--kind", "training", "--holder", "trainer-7", "--note", "nightly"]) == 0
+                 "--kind", "training", "--holder", "trainer-7", "--note", "nightly"],
+                transport=httpx.MockTransport(answer)) == 0
     assert sent == [("POST", "http://mb/api/v1/leases",
                      {"vram_mb": 3000, "kind": "training", "holder": "trainer-7",
                       "note": "nightly"})]

@@ -1,12 +1,12 @@
 """Every command that talks to the daemon says what went wrong in one line on stderr and
 exits 1: a refusal (a missing or wrong key), a daemon that cannot be reached, an answer that
-is not JSON. None prints a traceback (model_boss/cli/: dispatch.py, watch.py, pull.py, keys.py
-and usage.py)."""
+is not JSON, a document of another shape. None prints a traceback (model_boss/cli/: every
+command asks through client.py's DaemonClient)."""
 
 from __future__ import annotations
 
 import socket
-from typing import Any
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -24,29 +24,16 @@ COMMANDS = [
 
 
 @pytest.fixture
-def answering(monkeypatch):
-    """Route the CLI's HTTP calls to a stand-in daemon; ``answering(status, body)`` sets what
-    every route answers."""
+def answering() -> Callable[..., httpx.MockTransport]:
+    """A stand-in daemon: ``answering(status, body)`` is a transport on which every route
+    answers that."""
 
-    def install(status: int, body: bytes, content_type: str = "application/json") -> None:
-        def handler(request: httpx.Request) -> httpx.Response:
-            return httpx.Response(status, content=body, headers={"content-type": content_type})
+    def transport(status: int, body: bytes,
+                  content_type: str = "application/json") -> httpx.MockTransport:
+        return httpx.MockTransport(lambda request: httpx.Response(
+            status, content=body, headers={"content-type": content_type}))
 
-        client = httpx.Client(transport=httpx.MockTransport(handler))
-
-        def call(method: str, url: str, **kw: Any) -> httpx.Response:
-            kw.pop("timeout", None)
-            return client.request(method, url, **kw)
-
-        def stream(method: str, url: str, **kw: Any):
-            kw.pop("timeout", None)
-            return client.stream(method, url, **kw)
-
-        monkeypatch.setattr(httpx, "request", call)
-        monkeypatch.setattr(httpx, "get", lambda url, **kw: call("GET", url, **kw))
-        monkeypatch.setattr(httpx, "stream", stream)
-
-    return install
+    return transport
 
 
 def _one_line(capsys) -> str:
@@ -60,10 +47,10 @@ def _one_line(capsys) -> str:
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
 def test_a_refusal_is_the_daemons_message_in_one_line(answering, capsys, argv):
-    answering(401, b'{"error": {"message": "missing or invalid API key: send '
-                   b'Authorization: Bearer <key>", "type": "authentication_error", '
-                   b'"param": null, "code": "invalid_api_key"}}')
-    assert main(["--url", "http://mb", *argv]) == 1
+    refusal = answering(401, b'{"error": {"message": "missing or invalid API key: send '
+                             b'Authorization: Bearer <key>", "type": "authentication_error", '
+                             b'"param": null, "code": "invalid_api_key"}}')
+    assert main(["--url", "http://mb", *argv], transport=refusal) == 1
     line = _one_line(capsys)
     assert "missing or invalid API key" in line
     assert "{" not in line  # the message, not the envelope
@@ -75,8 +62,8 @@ READS_JSON = [argv for argv in COMMANDS if argv != ["usage", "--csv"]]
 
 @pytest.mark.parametrize("argv", READS_JSON, ids=" ".join)
 def test_an_answer_that_is_not_json_is_one_line(answering, capsys, argv):
-    answering(200, b"<html>a proxy's page</html>", "text/html")
-    assert main(["--url", "http://mb", *argv]) == 1
+    page = answering(200, b"<html>a proxy's page</html>", "text/html")
+    assert main(["--url", "http://mb", *argv], transport=page) == 1
     _one_line(capsys)
 
 
@@ -90,8 +77,15 @@ def test_a_daemon_that_is_not_there_is_one_line_saying_why(capsys, argv):
     assert f"127.0.0.1:{port}" in line and "connection refused" in line
 
 
-@pytest.mark.parametrize("argv", [["ps"], ["ps", "--cluster"], ["ps", "--watch"]])
-def test_ps_from_a_daemon_that_speaks_another_shape_is_one_line(answering, capsys, argv):
-    answering(200, b'{"enabled": true, "events": 5, "members": 3}')
-    assert main(["--url", "http://mb", *argv]) == 1
+# every command that draws a table from the daemon's document
+TABLES = [["ps"], ["ps", "--cluster"], ["ps", "--watch"], ["keys", "list"],
+          ["keys", "create", "alice"], ["usage"]]
+
+
+@pytest.mark.parametrize("argv", TABLES, ids=" ".join)
+@pytest.mark.parametrize("body", [
+    b'{"enabled": true, "events": 5, "members": 3, "keys": 5, "rows": 7}', b"[1, 2]"],
+    ids=["object", "list"])
+def test_a_document_of_another_shape_is_one_line(answering, capsys, argv, body):
+    assert main(["--url", "http://mb", *argv], transport=answering(200, body)) == 1
     assert "cannot read" in _one_line(capsys)

@@ -1,6 +1,6 @@
 """A pull whose hub cannot be reached (catalog/hub_reach.py): each try and retry is reported
 as it happens, and the failure says why (name resolution, refused, TLS) and how to use a
-mirror; ``model-boss pull`` prints those lines as they come (cli/pull.py)."""
+mirror; ``model-boss pull`` prints those lines as they come (cli/models.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from huggingface_hub.utils import _http as hub_http
 
 from model_boss.catalog.hub_reach import HubUnavailable, in_words
 from model_boss.catalog.pulls.download import parse_source, pull_files
-from model_boss.cli import pull as cli_pull
+from model_boss.cli import main
 from model_boss.errors import network_reason
 from tests.hub_standin import HubStandin
 
@@ -87,24 +87,24 @@ def test_a_retry_reason_is_said_in_words():
     assert in_words("something else") == "something else"
 
 
-def _daemon_says(monkeypatch, lines: list[bytes], status: int = 200) -> None:
-    """``httpx.stream`` answered by a stand-in daemon with these NDJSON lines."""
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=b"".join(line + b"\n" for line in lines))
-
-    client = httpx.Client(transport=httpx.MockTransport(handler))
-    monkeypatch.setattr(httpx, "stream", lambda method, url, **kw: client.stream(
-        method, url, json=kw.get("json"), headers=kw.get("headers")))
+def _daemon_says(lines: list[bytes], status: int = 200) -> httpx.MockTransport:
+    """A stand-in daemon that answers with these NDJSON lines."""
+    return httpx.MockTransport(lambda request: httpx.Response(
+        status, content=b"".join(line + b"\n" for line in lines)))
 
 
-def test_the_cli_prints_each_try_as_it_comes_and_the_failure_in_one_line(monkeypatch, capsys):
-    _daemon_says(monkeypatch, [
+def _pull_with_the_cli(source: str, daemon: httpx.MockTransport) -> int:
+    return main(["--url", "http://daemon", "--timeout", "5", "pull", source], transport=daemon)
+
+
+def test_the_cli_prints_each_try_as_it_comes_and_the_failure_in_one_line(capsys):
+    daemon = _daemon_says([
         b'{"status": "resolving", "source": "hf://o/r:Q4_K_M", "endpoint": "https://hub"}',
         b'{"status": "retrying", "attempt": 1, "of": 5, "wait_s": 1.0, '
         b'"reason": "name resolution failed (x)"}',
         b'{"status": "failed", "error": {"message": "the hub at https://hub could not be '
         b'reached for hf://o/r:Q4_K_M after 6 tries: name resolution failed; set HF_ENDPOINT"}}'])
-    assert cli_pull.pull("http://daemon", {}, "hf://o/r:Q4_K_M", 5) == 1
+    assert _pull_with_the_cli("hf://o/r:Q4_K_M", daemon) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "asking https://hub for hf://o/r:Q4_K_M ...",
@@ -113,17 +113,16 @@ def test_the_cli_prints_each_try_as_it_comes_and_the_failure_in_one_line(monkeyp
         "hf://o/r:Q4_K_M after 6 tries: name resolution failed; set HF_ENDPOINT"]
 
 
-def test_the_cli_prints_a_refused_source_in_one_line(monkeypatch, capsys):
-    _daemon_says(monkeypatch, [b'{"error": {"message": "cannot pull \'hf://../../x.gguf\': '
-                               b'the org \'..\' is not a valid Hugging Face Hub name"}}'], 400)
-    assert cli_pull.pull("http://daemon", {}, "hf://../../x.gguf", 5) == 1
+def test_the_cli_prints_a_refused_source_in_one_line(capsys):
+    daemon = _daemon_says([b'{"error": {"message": "cannot pull \'hf://../../x.gguf\': the org '
+                           b'\'..\' is not a valid Hugging Face Hub name"}}'], 400)
+    assert _pull_with_the_cli("hf://../../x.gguf", daemon) == 1
     assert capsys.readouterr().err == ("model-boss: cannot pull 'hf://../../x.gguf': the org "
                                        "'..' is not a valid Hugging Face Hub name\n")
 
 
 def test_pull_help_names_every_source_form(capsys):
     from model_boss.catalog.hub_source import FORMS
-    from model_boss.cli import main
 
     with pytest.raises(SystemExit):
         main(["pull", "--help"])

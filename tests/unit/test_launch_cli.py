@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from model_boss.cli import launch as launch_cli
+from model_boss.cli.client import DaemonClient
 from model_boss.cli.parser import build_parser
 from model_boss.launch.daemon import LaunchError, served_model
 
@@ -60,11 +61,12 @@ def launch(argv: list[str], daemon: Daemon, environ: dict[str, str],
     """``model-boss ARGV`` through the real parser; the status and what it would exec."""
     args = build_parser({}).parse_args(argv)
     started: list[tuple[str, list[str], dict[str, str]]] = []
-    status = launch_cli.run(args, args.url, environ,
+    # the admin's key, which the agent must not be given
+    client = DaemonClient(args.url, "mb-admin-key", transport=httpx.MockTransport(daemon))
+    status = launch_cli.run(args, client, environ,
                             execute=lambda path, argv, env: started.append(
                                 (path, list(argv), dict(env))),
-                            files_dir=tmp_path / "files",
-                            transport=httpx.MockTransport(daemon))
+                            files_dir=tmp_path / "files")
     return status, started
 
 

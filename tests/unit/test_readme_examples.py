@@ -4,10 +4,11 @@ docs/API.md say one thing about Ollama's pull and delete: they are served."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
-from model_boss.cli.parser import EXAMPLES, TOP_EXAMPLES
+from model_boss.cli.parser import TOP_EXAMPLES, build_parser
 from model_boss.gpu.inventory import DEFAULT_DECLARED_MB
 from model_boss.settings import Settings
 
@@ -19,7 +20,9 @@ DEMO_MODEL_MB = 305  # SmolLM2-135M's estimate on the demo (llama.cpp-fit)
 
 def test_every_lease_example_fits_the_demo_gpu_beside_the_demo_model():
     room = DEFAULT_DECLARED_MB - Settings.model_fields["vram_margin_mb"].default - DEMO_MODEL_MB
-    texts = [README, TOP_EXAMPLES, *EXAMPLES.values()]
+    commands = next(action for action in build_parser({})._actions
+                    if isinstance(action, argparse._SubParsersAction)).choices
+    texts = [README, TOP_EXAMPLES, *(command.epilog for command in commands.values())]
     asked = [int(mb) for text in texts
              for mb in re.findall(r"(?:--vram-mb |vram_mb=)(\d+)", text)]
     assert asked, "no lease example found"

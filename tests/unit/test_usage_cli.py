@@ -7,27 +7,24 @@ import argparse
 import httpx
 import pytest
 
-from model_boss.cli import usage as cli_usage
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    cli_usage.add_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["usage", *argv])
+from model_boss.cli import main
 
 
 @pytest.fixture
-def answers(monkeypatch):
-    """httpx.get answered by the test: set ``answers.reply`` (a Response or an exception)."""
+def answers():
+    """A stand-in daemon: set ``answers.reply`` (a Response or an exception); ``answers.calls``
+    holds what it was asked; ``answers.usage(*argv)`` runs ``model-boss usage`` against it."""
     state = argparse.Namespace(calls=[], reply=None)
 
-    def fake_get(url, *, headers, params, timeout):
-        state.calls.append((url, headers, params))
+    def answer(request: httpx.Request) -> httpx.Response:
+        state.calls.append((str(request.url.copy_with(query=None)),
+                            request.headers.get("authorization"), dict(request.url.params)))
         if isinstance(state.reply, Exception):
             raise state.reply
         return state.reply
 
-    monkeypatch.setattr(cli_usage.httpx, "get", fake_get)
+    state.usage = lambda *argv: main(["--url", "http://mb", "usage", *argv],
+                                     transport=httpx.MockTransport(answer))
     return state
 
 
@@ -41,12 +38,12 @@ ANSWER = {"from": "2025-05-01T00:00:00Z", "to": "2025-05-02T00:00:00Z",
                     "gpu_seconds": 240.0}]}
 
 
-def test_a_table_with_the_figures_that_matter(answers, capsys) -> None:
+def test_a_table_with_the_figures_that_matter(answers, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("MODEL_BOSS_ADMIN_API_KEY", "k")
     answers.reply = httpx.Response(200, json=ANSWER)
-    args = parse("--from", "2025-05-01", "--key", "team-a")
-    assert cli_usage.run(args, "http://mb", {"authorization": "Bearer k"}) == 0
-    url, headers, params = answers.calls[0]
-    assert url == "http://mb/api/v1/usage" and headers == {"authorization": "Bearer k"}
+    assert answers.usage("--from", "2025-05-01", "--key", "team-a") == 0
+    url, authorization, params = answers.calls[0]
+    assert url == "http://mb/api/v1/usage" and authorization == "Bearer k"
     assert params == {"group_by": "key,model", "from": "2025-05-01", "key": "team-a",
                       "format": "json"}
     lines = capsys.readouterr().out.splitlines()
@@ -60,7 +57,7 @@ def test_a_table_with_the_figures_that_matter(answers, capsys) -> None:
 
 def test_csv_is_the_daemons(answers, capsys) -> None:
     answers.reply = httpx.Response(200, text="key,requests\r\nteam-a,3\r\n")
-    assert cli_usage.run(parse("--csv", "--group-by", "key"), "http://mb", {}) == 0
+    assert answers.usage("--csv", "--group-by", "key") == 0
     assert answers.calls[0][2]["format"] == "csv"
     assert capsys.readouterr().out == "key,requests\r\nteam-a,3\r\n"
 
@@ -69,18 +66,18 @@ def test_an_error_is_one_line(answers, capsys) -> None:
     answers.reply = httpx.Response(400, json={"error": {
         "message": "from: 'x' is not an ISO 8601 date", "type": "invalid_request_error",
         "param": "from", "code": "invalid_request"}})
-    assert cli_usage.run(parse("--from", "x"), "http://mb", {}) == 1
+    assert answers.usage("--from", "x") == 1
     assert capsys.readouterr().err == "model-boss: from: 'x' is not an ISO 8601 date\n"
 
 
 def test_an_unreachable_daemon_is_one_line(answers, capsys) -> None:
     answers.reply = httpx.ConnectError("connection refused")
-    assert cli_usage.run(parse(), "http://mb", {}) == 1
+    assert answers.usage() == 1
     err = capsys.readouterr().err
     assert err == "model-boss: cannot reach http://mb: connection refused\n"
 
 
 def test_nothing_used(answers, capsys) -> None:
     answers.reply = httpx.Response(200, json={**ANSWER, "rows": []})
-    assert cli_usage.run(parse(), "http://mb", {}) == 0
+    assert answers.usage() == 0
     assert capsys.readouterr().out.splitlines()[1] == "(no requests)"
