@@ -63,9 +63,9 @@ from benchmarks.proxy_overhead import (
     throughput,
     up,
 )
-from model_boss.api.middleware.keys import Admission, as_key, check_key, given_key
+from model_boss.api.middleware.keys import KeyAdmission, check_key, given_key, identity
 from model_boss.settings import ClientProfile, Settings
-from model_boss.tenancy.keys import Identity, KeyStore, MinuteWindows, with_identity
+from model_boss.tenancy.keys import KeyStore, MinuteWindows, with_identity
 from model_boss.tenancy.usage import UsageRow
 from model_boss.tenancy.usage.totals import HourlyTotals
 
@@ -150,7 +150,8 @@ def cell(values: list[float], digits: int) -> str:
 
 async def edge_cpu_us(repeats: int = 5, per_run: int = 5000) -> float:
     """CPU µs the keyed edge spends on one request, in this process (median of runs): what
-    api/middleware/auth.py does with a managed key before the request goes on."""
+    api/middleware/identity.py and admission.py do with a managed key before the request goes
+    on."""
     store = KeyStore(Settings(admin_api_key=ADMIN_KEY, tasks_file=None), None)
     profile = ClientProfile(**{k: v for k, v in LIMITS.items() if k != "max_concurrency"})
     record, secret = await store.create("tenant", profile)
@@ -161,7 +162,7 @@ async def edge_cpu_us(repeats: int = 5, per_run: int = 5000) -> float:
         windows.used(record.name, now - 59 + i / 100, 40)
         totals.add(UsageRow(key=record.name, end_user="", model="m", endpoint="chat",
                             outcome="ok", http_status=200, at=now - i * 432, prompt_tokens=40))
-    admission = Admission(windows, totals.spent)
+    admission = KeyAdmission(windows, totals.spent)
     raw = [(b"host", b"127.0.0.1:8080"), (b"authorization", b"Bearer " + secret.encode()),
            (b"content-type", b"application/json"), (b"content-length", b"80")]
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
@@ -170,10 +171,9 @@ async def edge_cpu_us(repeats: int = 5, per_run: int = 5000) -> float:
     def one() -> None:
         checked = check_key(given_key(Headers(scope=scope)), store, admin=False)
         assert checked.record is not None
-        headers, end_user = as_key(list(raw), checked.record.name)
-        identity = Identity(checked.record.name, False, checked.record, end_user)
+        who = identity(checked, Headers(scope=scope))
         assert admission.admit(checked.record, scope["path"]) is None
-        with_identity(dict(scope, headers=headers), identity)
+        with_identity(scope, who)
 
     runs = []
     for _ in range(repeats):

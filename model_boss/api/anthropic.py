@@ -26,6 +26,7 @@ from ..services.anthropic import (
     error_body,
     messages,
 )
+from ..tenancy.keys import identity_of
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import documented, error_message
 
@@ -57,7 +58,8 @@ def is_anthropic_path(path: str) -> bool:
 async def create_message(request: Request, body: MessagesRequest) -> Response:
     """A message, whole or streamed (``stream: true``) in Anthropic's events."""
     async with disconnect_watch(request) as gone:
-        served = await messages(coordinator_of(request), MESSAGES, body, request.headers, gone)
+        served = await messages(coordinator_of(request), MESSAGES, body, request.headers,
+                              identity_of(request.scope), gone)
     return to_response(served)
 
 
@@ -66,6 +68,7 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> Response:
     """``{"input_tokens": N}``: the prompt's size as the model counts it."""
     async with disconnect_watch(request) as gone:
         served = await messages(coordinator_of(request), COUNT_TOKENS, body, request.headers,
+                              identity_of(request.scope),
                                 gone)
     return to_response(served)
 

@@ -19,14 +19,17 @@ from .errors import install_error_handlers
 from .media import images as media_images
 from .media import sdapi, videos
 from .middleware import (
-    AuthAndMetrics,
+    Admission,
     BodyLimit,
     EarlyForwarding,
     ErrorEnvelope,
+    ForwardTrust,
     HostGuard,
+    Identify,
     InternalErrors,
     Pacing,
     QueueGate,
+    RequestMetrics,
     take_direct_routes,
     with_cors,
 )
@@ -63,14 +66,18 @@ def create_app(settings: Settings | None = None, *,
     document_bounds(app)
     # the last added runs first: pacing (arrivals take turns with running work) → CORS →
     # Ollama's and Anthropic's envelopes → the drain (a stop's refusals and cuts) → errors →
-    # Host and Origin checks (before any work;
-    # their refusals in the route's envelope) → keys and metrics → the queue's early
-    # refusals → body limits → early forwards (cluster members) → routes
+    # Host and Origin checks (before any work; their refusals in the route's envelope) →
+    # cluster members' forwards trusted or refused → who the request is (its key) → the
+    # key's rates and quotas → request metrics → the queue's early refusals → body limits →
+    # early forwards (cluster members) → routes
     app.add_middleware(EarlyForwarding, coordinator=coord)
     app.add_middleware(BodyLimit, max_bytes=coord.settings.max_body_bytes,
                        uploads=(UPLOAD_PATHS | MEDIA_UPLOADS, coord.settings.max_upload_bytes))
     app.add_middleware(QueueGate, coordinator=coord, paths=queued_paths())
-    app.add_middleware(AuthAndMetrics, coordinator=coord, inference=queued_paths())
+    app.add_middleware(RequestMetrics, coordinator=coord)
+    app.add_middleware(Admission, coordinator=coord, inference=queued_paths())
+    app.add_middleware(Identify, coordinator=coord)
+    app.add_middleware(ForwardTrust, coordinator=coord)
     app.add_middleware(HostGuard, coordinator=coord)
     app.add_middleware(InternalErrors)
     app.add_middleware(DrainGate, coordinator=coord)

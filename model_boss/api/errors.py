@@ -45,7 +45,8 @@ def internal_error(exc: Exception) -> Response:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Typed errors, validation errors and routing errors. Anything else is caught by
-    :class:`~model_boss.api.middleware.auth.InternalErrors`, which answers without re-raising."""
+    :class:`~model_boss.api.middleware.internal_errors.InternalErrors`, which answers without
+    re-raising."""
 
     @app.exception_handler(ModelBossError)
     async def _ours(_request: Request, exc: ModelBossError) -> Response:

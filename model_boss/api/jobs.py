@@ -41,7 +41,8 @@ async def submit_job(request: Request, payload: JobRequest) -> JSONResponse:
     now (400, 404), not failed later."""
     coord = coordinator_of(request)
     body, client_id = await accept_job(coord, payload.endpoint, payload.body,
-                                       request.headers, payload.client_id)
+                                       request.headers, identity_of(request.scope),
+                                       payload.client_id)
     job = await coord.jobs.submit(payload.endpoint, body, client_id)
     return JSONResponse(job.public(), status_code=202,
                         headers={"location": f"/api/v1/jobs/{job.id}"})

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 
 from ..errors import LeaseNotFound, LeaseUnavailable
 from ..gpu import GPUBoss, Lease
+from ..tenancy.keys import identity_of
 from .errors import OpenAIError, documented
 
 router = APIRouter(responses=documented(OpenAIError))
@@ -68,8 +69,9 @@ def address_of(request: Request) -> str:
 
 def holder_of(request: Request, body: LeaseTerms) -> str:
     """The name the lease was taken with: the body's ``holder``, else the client the request
-    names (``X-Client-Id``, which a named API key sets), else the caller's address."""
-    client = request.headers.get("x-client-id", "").strip()[:200]
+    names (its key's name, else its ``X-Client-Id``), else the caller's address."""
+    who = identity_of(request.scope)
+    client = (who.client or "").strip()[:200] if who is not None else ""
     return body.holder or client or f"http:{address_of(request)}"
 
 

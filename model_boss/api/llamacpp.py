@@ -13,6 +13,7 @@ from ..services import pop_extensions, serve
 from ..services.native import NATIVE_BODIES, PROPS
 from ..services.schemas import OpenAIRequest
 from ..services.worker_slots import SLOTS, worker_slots
+from ..tenancy.keys import identity_of
 from .context import coordinator_of, disconnect_watch, to_response
 from .errors import OpenAIError, documented
 from .openai import serve_body
@@ -43,7 +44,8 @@ async def props(request: Request,
     """The worker's properties (context size, chat template, generation defaults), its
     file by name only."""
     data = {"model": model} if model else {}
-    ext = pop_extensions(data, request.headers)
+    ext = pop_extensions(data, request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await serve(coordinator_of(request), PROPS, data, ext, disconnected=gone)
     return to_response(served)

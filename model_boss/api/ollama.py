@@ -78,27 +78,31 @@ async def show_model(request: Request, body: OllamaShowRequest) -> dict[str, Any
 @router.post("/api/chat")
 async def chat(request: Request, body: OllamaChatRequest) -> Response:
     async with disconnect_watch(request) as gone:
-        served = await service.chat(coordinator_of(request), body, request.headers, gone)
+        served = await service.chat(coordinator_of(request), body, request.headers,
+                                 identity_of(request.scope), gone)
     return to_response(served)
 
 
 @router.post("/api/generate")
 async def generate(request: Request, body: OllamaGenerateRequest) -> Response:
     async with disconnect_watch(request) as gone:
-        served = await service.generate(coordinator_of(request), body, request.headers, gone)
+        served = await service.generate(coordinator_of(request), body, request.headers,
+                                 identity_of(request.scope), gone)
     return to_response(served)
 
 
 @router.post("/api/embed")
 async def embed(request: Request, body: OllamaEmbedRequest) -> dict[str, Any]:
     async with disconnect_watch(request) as gone:
-        return await service.embed(coordinator_of(request), body, request.headers, gone)
+        return await service.embed(coordinator_of(request), body, request.headers,
+                                 identity_of(request.scope), gone)
 
 
 @router.post("/api/embeddings")
 async def embeddings(request: Request, body: OllamaEmbeddingsRequest) -> dict[str, Any]:
     async with disconnect_watch(request) as gone:
-        return await service.embed(coordinator_of(request), body, request.headers, gone)
+        return await service.embed(coordinator_of(request), body, request.headers,
+                                 identity_of(request.scope), gone)
 
 
 @router.post("/api/pull")

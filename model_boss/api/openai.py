@@ -118,7 +118,8 @@ async def serve_body(request: Request, endpoint: str, body: OpenAIRequest,
                      dialect: Dialect | None = None) -> Response:
     """Serve a parsed body on ``endpoint`` (the worker's path for it)."""
     data = body.model_dump(exclude_unset=True)
-    ext = pop_extensions(data, request.headers)
+    ext = pop_extensions(data, request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await serve_streaming(coordinator_of(request), endpoint, data, ext,
                                        disconnected=gone, dialect=dialect)
@@ -193,7 +194,8 @@ async def _transcribe(request: Request, endpoint: str) -> Response:
                   if isinstance(value, UploadFile) else value)
                  for name, value in form.multi_items()]
     data = transcription_body(parts)
-    ext = pop_extensions(data, request.headers)
+    ext = pop_extensions(data, request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await serve_streaming(coordinator_of(request), endpoint, data, ext,
                                        disconnected=gone)
@@ -202,7 +204,8 @@ async def _transcribe(request: Request, endpoint: str) -> Response:
 
 @router.post(IMAGES)
 async def images_generations(request: Request, body: ImageRequest) -> Response:
-    ext = pop_extensions(body.model_dump(exclude_unset=True), request.headers)
+    ext = pop_extensions(body.model_dump(exclude_unset=True), request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await generate_images(coordinator_of(request), body, ext,
                                        str(request.base_url), disconnected=gone)

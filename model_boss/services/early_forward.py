@@ -26,6 +26,7 @@ from ..cluster import FORWARDED_HEADER, MemberRecord
 from ..endpoints import CHAT, COMPLETIONS, EMBEDDINGS, RERANK, RESPONSES, SPEECH
 from ..errors import ModelBossError
 from ..scheduling.replicas import prompt_blocks
+from ..tenancy.keys import Identity
 from .accounting import who
 from .clustered import forward_body, forward_to
 from .extensions import pop_extensions
@@ -50,7 +51,7 @@ class EarlyForward:
 
 
 def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
-                  headers: Mapping[str, str]) -> EarlyForward | None:
+                  headers: Mapping[str, str], identity: Identity | None) -> EarlyForward | None:
     """The forward of this request when it can be decided now; None: take the full path.
     Synchronous and without I/O: it reads only what is in memory."""
     cluster = coord.cluster
@@ -72,7 +73,7 @@ def early_forward(coord: Coordinator, endpoint: str, raw: bytes,
         return None
     try:
         coord.catalog.get_available(manifest.id)
-        ext = pop_extensions(body, headers)
+        ext = pop_extensions(body, headers, identity)
     except ModelBossError:
         return None
     asker = who(coord, ext, body)

@@ -10,7 +10,7 @@ import orjson
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 
 from ..cluster import FORWARDED_HEADER
-from ..tenancy.keys import CURRENT_IDENTITY, Identity
+from ..tenancy.keys import Identity
 from .validation import parse
 
 
@@ -70,8 +70,8 @@ class Extensions:
     extra: dict[str, Any] = field(default_factory=dict)
     forwarded: bool = False  # sent on by a cluster member (secret checked): served here
     request_id: str | None = None  # the queue's id for it (a job's id); set here, not by clients
-    # who the edge says it is (its key), None where no keys are configured
-    identity: Identity | None = field(default_factory=CURRENT_IDENTITY.get)
+    # who the edge says it is (:func:`~model_boss.tenancy.keys.identity_of`); None: not asked
+    identity: Identity | None = None
 
 
 def _header_value(name: str, value: str) -> Any:
@@ -84,20 +84,24 @@ def _header_value(name: str, value: str) -> Any:
     return value
 
 
-def pop_extensions(body: dict[str, Any], headers: Mapping[str, str]) -> Extensions:
-    """Remove every ``x_*`` key from ``body`` and return them parsed; the ``X-Client-Id`` /
-    ``X-Priority`` headers fill in what the body does not say."""
+def pop_extensions(body: dict[str, Any], headers: Mapping[str, str],
+                   identity: Identity | None) -> Extensions:
+    """Remove every ``x_*`` key from ``body`` and return them parsed, for a request the edge
+    identified as ``identity``; the ``X-Client-Id`` / ``X-Priority`` headers fill in what the
+    body does not say (under a key, ``X-Client-Id`` is the identity's end user, not a client)."""
     found = {key: body.pop(key) for key in [k for k in body if k.startswith("x_")]}
     forwarded = FORWARDED_HEADER in headers
     carried = {name: found.pop(name, None) for name in CARRIED_IDENTITY}
-    identity = CURRENT_IDENTITY.get()
-    if forwarded and identity is None and isinstance(carried["x_key"], str):
+    if forwarded and (identity is None or not identity.keyed) \
+            and isinstance(carried["x_key"], str):
         # a member's forward (its secret checked at the edge): the key it was let in with
         identity = Identity(carried["x_key"], end_user=carried["x_end_user"]
                             if isinstance(carried["x_end_user"], str) else None)
     known = {name: found.pop(name) for name in ExtensionFields.model_fields if name in found}
+    keyed = identity is not None and identity.keyed
     for name, header in _HEADERS.items():
-        if known.get(name) is None and header in headers:
+        if known.get(name) is None and header in headers \
+                and not (keyed and name == "x_client_id"):
             known[name] = _header_value(name, headers[header])
     if not known:  # most requests: nothing to validate
         return Extensions(extra=found, forwarded=forwarded, identity=identity)

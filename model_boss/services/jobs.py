@@ -43,7 +43,7 @@ _YIELDS: set[asyncio.Task] = set()  # requeues under way (kept from the collecto
 
 
 async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
-                     headers: Mapping[str, str],
+                     headers: Mapping[str, str], identity: Identity | None,
                      client_id: str | None) -> tuple[dict[str, Any], str]:
     """Check a job's request as its live request is checked, before the job is taken: the
     body by the endpoint's schema (a 400 naming the field), ``stream`` refused (a job answers
@@ -64,8 +64,9 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
     for name in CARRIED_IDENTITY:  # only this service writes them (below), never a client
         kept.pop(name, None)
     fields = dict(kept)
-    ext = pop_extensions(fields, headers)
-    ext.client_id = ext.client_id or client_id or "anonymous"
+    ext = pop_extensions(fields, headers, identity)
+    if identity is None or not identity.keyed:  # under a key, the key is the client
+        ext.client_id = ext.client_id or client_id or "anonymous"
     await admit(coord, endpoint, fields, ext)
     asker = who(coord, ext, fields)
     if asker.profile is not None and asker.keyed and not kind_in_scope(
@@ -118,7 +119,7 @@ async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
                   report: Reported) -> Served:
     body = dict(job.body)
     key, end_user = job_key(job), body.get("x_end_user")
-    ext = pop_extensions(body, {})
+    ext = pop_extensions(body, {}, None)
     ext.client_id = ext.client_id or job.client_id
     if key is not None:
         ext.identity = Identity(key, record=coord.keys.get(key),

@@ -7,8 +7,9 @@ import json
 
 import pytest
 from pydantic import SecretStr
+from starlette.datastructures import Headers
 
-from model_boss.api.middleware.keys import check_key, with_client
+from model_boss.api.middleware.keys import KeyCheck, check_key, identity
 from model_boss.errors import ConfigError
 from model_boss.settings import Settings, load_settings
 from model_boss.tenancy.keys import KeyStore
@@ -42,11 +43,22 @@ def test_check_key(config, given, admin, allowed, client):
     assert (checked.allowed, checked.client) == (allowed, client)
 
 
-def test_a_named_key_fills_in_the_client_unless_the_request_names_one():
-    assert with_client([(b"host", b"mb")], "alice") == [(b"host", b"mb"),
-                                                        (b"x-client-id", b"alice")]
-    own = [(b"X-Client-Id", b"mine")]
-    assert with_client(own, "alice") == own
+ALICE = KeyStore(settings(**NAMED), None).lookup("k-alice")
+
+
+@pytest.mark.parametrize(("record", "sent", "key", "end_user", "client"), [
+    (None, None, None, None, None),  # no key decided, no client named
+    (None, "team-x", None, "team-x", "team-x"),  # without a key, the client it names
+    ("alice", None, "alice", None, "alice"),  # a key is its client
+    ("alice", "bob", "alice", "bob", "alice"),  # a client named under a key labels an end user
+    ("alice", '{"device_id": "d", "session_id": "s-1"}', "alice", "s-1", "alice"),
+    ("alice", "x" * 300, "alice", "x" * 200, "alice"),  # a label is cut, never the key
+])
+def test_the_identity_the_edge_decides(record, sent, key, end_user, client):
+    headers = Headers({"x-client-id": sent} if sent is not None else {})
+    who = identity(KeyCheck(True, ALICE if record else None), headers)
+    assert (who.key, who.end_user, who.client, who.keyed) == (key, end_user, client,
+                                                             key is not None)
 
 
 def test_keys_are_secret_in_settings():

@@ -75,7 +75,7 @@ def body(**fields) -> bytes:
 def test_what_is_forwarded_early(tmp_path, raw, headers, forwarded):
     coord = coordinator(tmp_path, WARM,
                         clients={"walled": {"allowed_models": ["plain"]}})
-    early = early_forward(coord, CHAT, raw, headers)
+    early = early_forward(coord, CHAT, raw, headers, None)
     assert (early is not None) is forwarded
     if early is not None:
         assert early.member is B and early.endpoint == CHAT and early.model_id == "m"
@@ -84,12 +84,12 @@ def test_what_is_forwarded_early(tmp_path, raw, headers, forwarded):
 
 def test_ready_here_or_other_paths_are_not_forwarded_early(tmp_path):
     coord = coordinator(tmp_path, {**WARM, "m": Route(None, "ready here")})
-    assert early_forward(coord, CHAT, body(model="m"), {}) is None
+    assert early_forward(coord, CHAT, body(model="m"), {}, None) is None
     coord = coordinator(tmp_path, WARM)
-    assert early_forward(coord, "/v1/images/generations", body(model="m"), {}) is None
-    assert early_forward(coord, "/completion", body(model="m"), {}) is None  # llama.cpp's
+    assert early_forward(coord, "/v1/images/generations", body(model="m"), {}, None) is None
+    assert early_forward(coord, "/completion", body(model="m"), {}, None) is None  # llama.cpp's
     coord.cluster = None  # not a cluster member
-    assert early_forward(coord, CHAT, body(model="m"), {}) is None
+    assert early_forward(coord, CHAT, body(model="m"), {}, None) is None
 
 
 @pytest.mark.parametrize(("raw", "headers", "settings", "carried"), [
@@ -110,7 +110,8 @@ def test_ready_here_or_other_paths_are_not_forwarded_early(tmp_path):
     (body(model="m", x_trace="t-1"), {}, {}, {"x_trace": "t-1"}),
 ])
 def test_priority_and_client_are_carried(tmp_path, raw, headers, settings, carried):
-    early = early_forward(coordinator(tmp_path, WARM, **settings), CHAT, raw, headers)
+    early = early_forward(coordinator(tmp_path, WARM, **settings), CHAT, raw, headers,
+                          None)
     assert early is not None
     assert early.body["messages"] == [{"role": "user", "content": "hi"}]
     assert {k: early.body.get(k) for k in carried} == carried

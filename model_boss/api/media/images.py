@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from ...services import EditRequest, edit_images, parse, pop_extensions
 from ...services.media.forms import EDIT_FILES, EDIT_LISTS
 from ...services.media.images import EDITS
+from ...tenancy.keys import identity_of
 from ..context import coordinator_of, disconnect_watch, to_response
 from ..errors import OpenAIError, documented
 from .forms import read_body
@@ -27,7 +28,8 @@ async def images_edits(request: Request) -> Response:
     ``guidance``, ``negative_prompt`` and ``reference_images`` as extensions."""
     fields = await read_body(request, EDIT_FILES, EDIT_LISTS)
     edit = parse(EditRequest, fields)
-    ext = pop_extensions(edit.model_dump(exclude_unset=True), request.headers)
+    ext = pop_extensions(edit.model_dump(exclude_unset=True), request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await edit_images(coordinator_of(request), edit, ext, str(request.base_url),
                                    disconnected=gone)

@@ -54,7 +54,8 @@ async def options(request: Request) -> dict[str, Any]:
 
 async def _pictures(request: Request, edit: bool) -> Response:
     body = await read_body(request, frozenset())
-    ext = pop_extensions(body, request.headers)
+    ext = pop_extensions(body, request.headers,
+                         identity_of(request.scope))
     async with disconnect_watch(request) as gone:
         served = await sdapi_images(coordinator_of(request), body, ext, str(request.base_url),
                                     edit=edit, disconnected=gone)

@@ -16,6 +16,7 @@ from ...jobs.job import FINISHED, JobStatus
 from ...services import VideoRequest, accept_job
 from ...services.media.forms import VIDEO_FILES
 from ...services.media.videos import VIDEOS, job_id_of, video_object
+from ...tenancy.keys import identity_of
 from ..context import coordinator_of
 from ..errors import OpenAIError, documented
 from ..jobs import own_job, visible_job
@@ -34,7 +35,8 @@ async def create_video(request: Request) -> JSONResponse:
     clip longer than the model makes are answered at once), made when its turn comes."""
     coord = coordinator_of(request)
     fields = await read_body(request, VIDEO_FILES)
-    body, client_id = await accept_job(coord, VIDEOS, fields, request.headers, None)
+    body, client_id = await accept_job(coord, VIDEOS, fields, request.headers,
+                                       identity_of(request.scope), None)
     job = await coord.jobs.submit(VIDEOS, body, client_id)
     return JSONResponse(video_object(job, coord.settings.job_result_ttl_s),
                         headers={"location": f"{VIDEOS}/{video_object(job, 0)['id']}"})

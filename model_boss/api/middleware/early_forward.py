@@ -24,6 +24,7 @@ from ...errors import ModelBossError
 from ...services import ClientDisconnected, Served
 from ...services.early_forward import EARLY_PATHS, early_forward, send_early
 from ...services.redact import redacted
+from ...tenancy.keys import identity_of
 from ..context import to_response
 from ..errors import error_response
 from .limits import replaying
@@ -44,7 +45,8 @@ class EarlyForwarding:
         raw = await _body(receive)
         if raw is None:
             return  # the client went away while sending it
-        early = early_forward(self.coord, scope["path"], raw, Headers(scope=scope))
+        early = early_forward(self.coord, scope["path"], raw, Headers(scope=scope),
+                              identity_of(scope))
         if early is not None:
             try:
                 served = await _unless_gone(receive, send_early(self.coord, early))

@@ -3,8 +3,9 @@
 With keys configured (``api_keys``, ``api_key``, ``admin_api_key`` or any managed key), a
 request's identity is the key it carries: its ``X-Client-Id`` (like the body's
 ``x_client_id``, ``user`` or ``metadata.user_id``) becomes an *end user* label under the key
-and never widens what the key may do. The header is replaced by the key's name, so every
-per-client limit downstream (the queue gate, fair share, ``max_concurrency``) counts the key.
+and never widens what the key may do; every per-client limit downstream (the queue gate, fair
+share, ``max_concurrency``) counts the key (:attr:`Identity.client`). The pure checks are
+here; the middleware that applies them are :mod:`.identity` and :mod:`.admission`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from ...endpoints import JOBS, endpoint_kind
 from ...errors import Forbidden, ModelBossError, Unauthorized
 from ...settings import QUOTAS, RATES
 from ...tenancy.keys import (
-    CURRENT_IDENTITY,
     Identity,
     KeyRecord,
     KeyStore,
@@ -30,9 +30,8 @@ from ...tenancy.keys import (
 )
 from ...tenancy.usage import Spent, day_start, month_start
 
-CLIENT_HEADER = b"x-client-id"
+CLIENT_HEADER = "x-client-id"
 JOBS_PATH = JOBS
-END_USER_HEADER = b"x-model-boss-end-user"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,28 +71,15 @@ def check_key(given: str, keys: KeyStore, *, admin: bool, now: float | None = No
     return KeyCheck(True, record)
 
 
-def as_key(scope_headers: list[tuple[bytes, bytes]], key: str,
-           ) -> tuple[list[tuple[bytes, bytes]], str | None]:
-    """The request's headers with ``X-Client-Id`` set to the key's name, and the end user
-    the request named in it (if any)."""
-    end_user = None
-    kept = []
-    for name, value in scope_headers:
-        lowered = name.lower()
-        if lowered == CLIENT_HEADER:
-            end_user = end_user_label(value.decode("latin-1"))
-        elif lowered != END_USER_HEADER:
-            kept.append((name, value))
-    return [*kept, (CLIENT_HEADER, key.encode())], end_user
-
-
-def with_client(scope_headers: list[tuple[bytes, bytes]], client: str,
-                ) -> list[tuple[bytes, bytes]]:
-    """The request's headers with ``X-Client-Id: client`` added unless it names one itself
-    (used where no key decides: a cluster member's forward names its client)."""
-    if any(name.lower() == CLIENT_HEADER for name, _ in scope_headers):
-        return scope_headers
-    return [*scope_headers, (CLIENT_HEADER, client.encode())]
+def identity(checked: KeyCheck, headers: Headers) -> Identity:
+    """Who a request is once its key was checked: the key (where one decided) with the client
+    id the request named as its end user label, else that client id alone."""
+    named = headers.get(CLIENT_HEADER)
+    record = checked.record
+    if record is None:
+        return Identity(end_user=named)
+    return Identity(record.name, record.admin, record,
+                    end_user_label(named) if named is not None else None)
 
 
 class SpentReader(Protocol):
@@ -136,5 +122,4 @@ def _limited(profile: object) -> bool:
     return any(getattr(profile, name) is not None for name in (*RATES, *QUOTAS))
 
 
-__all__ = ["CURRENT_IDENTITY", "KeyAdmission", "Identity", "KeyCheck", "SpentReader", "as_key",
-           "check_key", "given_key", "with_client"]
+__all__ = ["KeyAdmission", "KeyCheck", "SpentReader", "check_key", "given_key", "identity"]

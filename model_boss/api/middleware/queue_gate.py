@@ -7,8 +7,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...coordinator import Coordinator
 from ...scheduling.request import ARRIVING
+from ...tenancy.keys import identity_of
 from ..errors import error_response
-from .direct_routes import header
 
 
 class QueueGate:
@@ -29,8 +29,8 @@ class QueueGate:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] in self.paths and self.coord.cluster is None):
             queue = self.coord.queue
-            raw_id = header(scope, b"x-client-id")
-            client_id = raw_id.decode("latin-1") if raw_id is not None else None
+            who = identity_of(scope)
+            client_id = who.client if who is not None else None
             refusal = queue.refusal(client_id)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)

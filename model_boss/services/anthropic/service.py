@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ...catalog import BackendKind, ModelManifest
 from ...endpoints import CHAT, COUNT_TOKENS, MESSAGES
 from ...errors import ModelBossError
-from ...tenancy.keys import end_user_label
+from ...tenancy.keys import Identity, end_user_label
 from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import Chunks, Served, WorkerCall
@@ -136,14 +136,14 @@ DIALECT = StreamEnds()
 
 async def messages(coord: Coordinator, endpoint: str,
                    request: MessagesRequest | CountTokensRequest, headers: Mapping[str, str],
-                   disconnected: Departure | None) -> Served:
+                   identity: Identity | None, disconnected: Departure | None) -> Served:
     """Serve a parsed Messages body on ``endpoint``. ``metadata.user_id`` names the client
     as ``x_client_id`` does; ``x_thinking`` stands for a ``thinking`` the body leaves out."""
     data = request.model_dump(exclude_unset=True)
     user = (data.get("metadata") or {}).get("user_id")
     if user and "x_client_id" not in data:
         data["x_client_id"] = end_user_label(user)
-    ext = pop_extensions(data, headers)
+    ext = pop_extensions(data, headers, identity)
     facts = AnswerFacts.of(data)
     if endpoint == MESSAGES and data.get("stream"):
         ext.request_id = ext.request_id or "req-" + uuid.uuid4().hex[:16]

@@ -15,6 +15,7 @@ import orjson
 from ...catalog import CatalogEntry
 from ...catalog.tasks import task_name
 from ...errors import BadRequest
+from ...tenancy.keys import Identity
 from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import WAIT_HEADER, Served
@@ -61,12 +62,13 @@ def refused(route: str) -> BadRequest:
                       code="models_come_from_files")
 
 
-def extensions(request: Any, headers: Mapping[str, str]) -> Extensions:
+def extensions(request: Any, headers: Mapping[str, str], identity: Identity | None,
+               ) -> Extensions:
     """The ``x_*`` fields and headers, as on the OpenAI routes; ``keep_alive`` (when given)
     is the request's keep-alive."""
     fields = {k: v for k, v in request.model_dump(exclude_unset=True).items()
               if k.startswith("x_")}
-    ext = pop_extensions(fields, headers)
+    ext = pop_extensions(fields, headers, identity)
     keep_alive = parse_keep_alive(request.keep_alive)
     if keep_alive is not None:
         ext.keep_alive_s = keep_alive
@@ -102,9 +104,9 @@ def _think(ext: Extensions, think: bool | str | None) -> None:
 
 
 async def chat(coord: Coordinator, request: OllamaChatRequest, headers: Mapping[str, str],
-               disconnected: Departure | None = None) -> Served:
+               identity: Identity | None, disconnected: Departure | None = None) -> Served:
     started = time.monotonic()
-    ext = extensions(request, headers)
+    ext = extensions(request, headers, identity)
     name, entries = resolve(coord, request.model)
     if not request.messages:
         return await load_or_unload(coord, name, entries, request.model, ext, "chat",
@@ -119,10 +121,10 @@ async def chat(coord: Coordinator, request: OllamaChatRequest, headers: Mapping[
 
 
 async def generate(coord: Coordinator, request: OllamaGenerateRequest,
-                   headers: Mapping[str, str],
+                   headers: Mapping[str, str], identity: Identity | None,
                    disconnected: Departure | None = None) -> Served:
     started = time.monotonic()
-    ext = extensions(request, headers)
+    ext = extensions(request, headers, identity)
     name, entries = resolve(coord, request.model)
     if not request.prompt and not request.images:
         return await load_or_unload(coord, name, entries, request.model, ext, "generate",
@@ -219,13 +221,13 @@ def _inputs(request: OllamaEmbedRequest | OllamaEmbeddingsRequest) -> list[str]:
 
 
 async def embed(coord: Coordinator, request: OllamaEmbedRequest | OllamaEmbeddingsRequest,
-                headers: Mapping[str, str],
+                headers: Mapping[str, str], identity: Identity | None,
                 disconnected: Departure | None = None) -> dict[str, Any]:
     """``/api/embed`` (or, for :class:`OllamaEmbeddingsRequest`, ``/api/embeddings``):
     vectors from the worker's ``/v1/embeddings`` (llama.cpp normalises them, as Ollama's
     /api/embed does); ``dimensions`` keeps the first n of each, normalised again."""
     started = time.monotonic()
-    ext = extensions(request, headers)
+    ext = extensions(request, headers, identity)
     name, entries = resolve(coord, request.model)
     _worker_params(request, entries)  # num_ctx is checked; sampling options mean nothing here
     served = await serve(coord, EMBEDDINGS, {"model": name, "input": _inputs(request)}, ext,

@@ -3,7 +3,6 @@
 
 from .exposure import exposure_warning
 from .identity import (
-    CURRENT_IDENTITY,
     Identity,
     end_user_label,
     identity_of,
@@ -21,7 +20,7 @@ from .record import KeyRecord, hash_secret
 from .store import ADMIN_KEY_NAME, SHARED_KEY_NAME, KeyNotFound, KeyStore
 from .windows import MinuteWindows
 
-__all__ = ["ADMIN_KEY_NAME", "CURRENT_IDENTITY", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
+__all__ = ["ADMIN_KEY_NAME", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
            "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows",
            "end_user_label", "exposure_warning", "floored_priority", "hash_secret", "identity_of",
            "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]

@@ -1,9 +1,11 @@
-"""Identity: who one request is, as the edge decided it from its key (never from its body)."""
+"""Identity: who one request is, as the edge decided it from its key (never from its body).
+
+The edge decides it once per request and leaves it in the request's scope
+(:func:`with_identity`); everything after reads it there through :func:`identity_of`."""
 
 from __future__ import annotations
 
 import json
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,20 +20,26 @@ STATE_FIELD = "identity"
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """The key a request came with (``key``: its name; None where no keys are configured),
-    whether that key is an admin's, the key's record (scope and limits) when it is a managed
-    or named key, and ``end_user``: the client id, ``user`` or ``metadata.user_id`` the
-    request sent, a label under the key that never widens it."""
+    """The key a request came with (``key``: its name; None where no key decided: no keys
+    configured, or a route no key guards), whether that key is an admin's, the key's record
+    (scope and limits), and ``end_user``: the client id the request named in ``X-Client-Id``.
+    Under a key that is a label that never widens it (cut and read as
+    :func:`end_user_label`); without one it is the client itself, as sent."""
 
     key: str | None = None
     admin: bool = False
     record: KeyRecord | None = None
     end_user: str | None = None
 
+    @property
+    def keyed(self) -> bool:
+        return self.key is not None
 
-# the identity of the request served in this context (the edge sets it for the request's
-# whole life; the serving path reads it where it parses the body)
-CURRENT_IDENTITY: ContextVar[Identity | None] = ContextVar("identity", default=None)
+    @property
+    def client(self) -> str | None:
+        """Whom per-client limits count at the edge: the key where one decided, else the
+        client id the request named (None: it named none)."""
+        return self.key if self.key is not None else self.end_user
 
 
 LABEL_CHARS = 200  # the longest end user label kept

@@ -1,6 +1,7 @@
 """What a key may do, decided over plain figures: the kind of route a path is, whether a
 key's scope takes a model and a kind, and whether its rates and quotas let one more request
-in. Pure functions; the edge (api/middleware/auth.py) and the serving path apply them."""
+in. Pure functions; the edge (api/middleware/identity.py, admission.py) and the serving path
+apply them."""
 
 from __future__ import annotations
 
