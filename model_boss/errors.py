@@ -103,6 +103,17 @@ class NotFound(ModelBossError):
     code = "not_found"
 
 
+class JobNotFound(NotFound):
+    """A job id the caller cannot have: never given, expired, or another key's. One answer
+    for all three, so that the difference tells no key which job ids exist."""
+
+    code = "job_not_found"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job '{job_id}' does not exist (or its result has expired)",
+                         param="job_id")
+
+
 class PayloadTooLarge(ModelBossError):
     status_code = 413
     error_type = "invalid_request_error"

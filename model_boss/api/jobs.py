@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from ..coordinator import Coordinator
-from ..errors import NotFound
+from ..errors import JobNotFound
 from ..jobs import Job
 from ..scheduling.waiting import queue_place
 from ..services import ENDPOINT_BODIES, accept_job, job_key
@@ -82,8 +82,7 @@ async def own_job(request: Request, job_id: str) -> Job:
     it (the same 404 as an unknown id)."""
     job = await coordinator_of(request).jobs.get(job_id)
     if not visible_job(request, job):
-        raise NotFound(f"job '{job_id}' does not exist (or its result has expired)",
-                       param="job_id")
+        raise JobNotFound(job_id)
     return job
 
 

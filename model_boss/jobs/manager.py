@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..errors import CapacityExceeded, ModelBossError, NotFound
+from ..errors import CapacityExceeded, JobNotFound, ModelBossError
 from .job import FINISHED, Job, JobStatus
 from .stores import JobStore
 
@@ -105,8 +105,7 @@ class JobManager:
     async def get(self, job_id: str) -> Job:
         job = await self.store.get(job_id)
         if job is None:
-            raise NotFound(f"job '{job_id}' does not exist (or its result has expired)",
-                           code="job_not_found")
+            raise JobNotFound(job_id)
         return job
 
     async def cancel(self, job_id: str) -> Job:

@@ -260,6 +260,27 @@ async def test_a_key_submits_jobs_and_sees_only_its_own(api):
         ("alice", "nightly", 1)]  # the job ran as the key it was taken from
 
 
+async def test_another_keys_job_is_answered_as_a_job_that_never_existed(api):
+    """The two 404s are byte-equal but for the id: the difference would tell a key which
+    job ids exist."""
+    client, _ = api
+    alice = bearer(await make_key(client, "alice"))
+    bob = bearer(await make_key(client, "bob"))
+    submitted = await client.post("/api/v1/jobs", headers=alice, json={
+        "endpoint": "/v1/chat/completions", "body": {"model": "qwen-a", **CHAT}})
+    assert submitted.status_code == 202, submitted.text
+    theirs = submitted.json()["id"]
+    never = "job-" + "0" * (len(theirs) - len("job-"))
+    for method in ("GET", "DELETE"):
+        answers = [await client.request(method, f"/api/v1/jobs/{job_id}", headers=bob)
+                   for job_id in (theirs, never)]
+        assert [a.status_code for a in answers] == [404, 404]
+        assert answers[0].content.replace(theirs.encode(), b"ID") == \
+            answers[1].content.replace(never.encode(), b"ID"), method
+        assert answers[0].json()["error"]["code"] == "job_not_found"
+        assert answers[0].json()["error"]["param"] == "job_id"
+
+
 async def test_the_first_key_of_a_box_without_an_admin_is_an_admin(tmp_path):
     coord, _ = coordinator(tmp_path, [manifest("qwen-a", 1000)])
     async with started_client(coord) as client:
