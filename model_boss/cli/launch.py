@@ -35,7 +35,8 @@ Execute = Callable[[str, list[str], Mapping[str, str]], object]
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="the model (an id or alias; default: the daemon's "
                                         "only chat model)")
-    parser.add_argument("--key", help="the key the agent sends (default: $MODEL_BOSS_API_KEY)")
+    parser.add_argument("--key", help="the key the agent sends (default: $MODEL_BOSS_API_KEY, "
+                                      "else $MODEL_BOSS_ADMIN_API_KEY, with a word against it)")
     parser.add_argument("--url", dest="launch_url", metavar="URL",
                         help="the daemon (default: model-boss --url, $MODEL_BOSS_URL, ...)")
     parser.add_argument("--dry-run", action="store_true",
@@ -58,14 +59,23 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace, client: DaemonClient, environ: Mapping[str, str] | None = None,
-        execute: Execute = os.execvpe, files_dir: Path | None = None) -> int:
-    """Launch ``args.agent`` on ``client``'s daemon (``--url`` wins) with the agent's key, not
-    the admin's; ``execute`` replaces this process with it (a test's seam). The status when
-    it does not start."""
+        execute: Execute = os.execvpe, files_dir: Path | None = None,
+        terminal: bool | None = None) -> int:
+    """Launch ``args.agent`` on ``client``'s daemon (``--url`` wins) with the agent's key
+    (:func:`agent_key`); ``execute`` replaces this process with it and ``terminal`` says
+    whether stdin and stdout are one (None: ask; both are a test's seams). The status when it
+    does not start."""
     environ = dict(os.environ if environ is None else environ)
     agent_args = _take_options(args)
     agent = AGENTS[args.agent]
-    key = args.key or environ.get("MODEL_BOSS_API_KEY") or None
+    if terminal is None:
+        terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    if not terminal and not args.dry_run and agent.interactive(agent_args):
+        print(f"model-boss: {agent.name} needs a terminal (stdin and stdout are not one); "
+              f"without one, run it non-interactively: model-boss launch {agent.name} "
+              f"{agent.batch_example}", file=sys.stderr)
+        return 2
+    key, whose = agent_key(args.key, environ)
     daemon = DaemonClient(args.launch_url or client.url, key, transport=client.transport,
                           timeout=min(QUERY_TIMEOUT_S, client.timeout))
     url = daemon.url
@@ -89,18 +99,35 @@ def run(args: argparse.Namespace, client: DaemonClient, environ: Mapping[str, st
     need = needed_context(agent)
     fits = f"; {agent.name} needs about {need:,}" if need else ""
     _say(f"{model.id}: a context of {model.context:,} tokens per request{fits}")
-    for line in launch.describe(environ):
+    _say(whose)
+    if not args.dry_run:
+        for path, content in launch.files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+    for line in launch.describe(environ, written=not args.dry_run):
         _say(line)
     if args.dry_run:
         print(shlex.join(launch.argv))
         return 0
-    for path, content in launch.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
     _say(f"starting {shlex.join([binary or agent.binary, *launch.argv[1:]])}")
     sys.stderr.flush()
     execute(binary or agent.binary, launch.argv, launch.environ(environ))
     return 0  # only where ``execute`` returns (a test's)
+
+
+def agent_key(given: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The key the agent sends (and launch asks the daemon with), and a line saying whose it
+    is: ``--key``, else ``$MODEL_BOSS_API_KEY``, else the admin's ``$MODEL_BOSS_ADMIN_API_KEY``
+    (which the other commands send), with a word for a user key instead."""
+    if given:
+        return given, "the agent sends the key given with --key"
+    if environ.get("MODEL_BOSS_API_KEY"):
+        return environ["MODEL_BOSS_API_KEY"], "the agent sends $MODEL_BOSS_API_KEY"
+    if environ.get("MODEL_BOSS_ADMIN_API_KEY"):
+        return environ["MODEL_BOSS_ADMIN_API_KEY"], (
+            "the agent sends the admin's key ($MODEL_BOSS_ADMIN_API_KEY): a user key is safer "
+            "(model-boss keys create NAME, then --key or MODEL_BOSS_API_KEY)")
+    return None, "the agent sends no key (none given, and no MODEL_BOSS_API_KEY set)"
 
 
 # launch's own options where they follow the agent's name: their attribute, and whether a

@@ -22,14 +22,21 @@ KEY_VARIABLE = "MODEL_BOSS_API_KEY"  # where codex and opencode read the key fro
 @dataclass(frozen=True)
 class Agent:
     """One agent: its command, the package that installs it, the size of the first prompt it
-    sends (tokens, with its default tools; ``None``: not measured, not checked) and how to
-    point it at the daemon (``build(target, agent_args, files_dir)``)."""
+    sends (tokens, with its default tools; ``None``: not measured, not checked), how to
+    point it at the daemon (``build(target, agent_args, files_dir)``), and how it runs
+    without a terminal: ``batch``, the first arguments that say so, and an example."""
 
     name: str
     binary: str
     install: str
     first_prompt: int | None
     build: Callable[[Target, list[str], Path], Launch]
+    batch: tuple[str, ...] = ()
+    batch_example: str = ""
+
+    def interactive(self, args: list[str]) -> bool:
+        """Whether the agent, given ``args``, runs in a terminal (its screen, its prompts)."""
+        return not any(arg in self.batch or arg.split("=", 1)[0] in self.batch for arg in args)
 
 
 def claude_code(target: Target, args: list[str], files_dir: Path) -> Launch:
@@ -142,8 +149,12 @@ def toml_string(value: str) -> str:
 # tokens) and its 10 tool schemas as JSON (5,390). A chat template that leaves tools out (the
 # demo model's) sends less; another tokenizer moves them by a tenth or so.
 AGENTS: dict[str, Agent] = {agent.name: agent for agent in (
-    Agent("claude", "claude", "npm install -g @anthropic-ai/claude-code", 7_625, claude_code),
-    Agent("codex", "codex", "npm install -g @openai/codex", 4_556, codex),
-    Agent("aider", "aider", "python -m pip install aider-chat", 669, aider),
-    Agent("opencode", "opencode", "npm install -g opencode-ai", 7_580, opencode),
+    Agent("claude", "claude", "npm install -g @anthropic-ai/claude-code", 7_625, claude_code,
+          ("-p", "--print"), '-- -p "PROMPT"'),
+    Agent("codex", "codex", "npm install -g @openai/codex", 4_556, codex,
+          ("exec", "e"), '-- exec "PROMPT"'),
+    Agent("aider", "aider", "python -m pip install aider-chat", 669, aider,
+          ("--message", "-m", "--message-file", "-f"), '-- --message "PROMPT"'),
+    Agent("opencode", "opencode", "npm install -g opencode-ai", 7_580, opencode,
+          ("run",), '-- run "PROMPT"'),
 )}

@@ -52,8 +52,9 @@ class Launch:
                 merged[name] = value
         return merged
 
-    def describe(self, base: dict[str, str]) -> list[str]:
-        """One line per thing set: each variable (a key masked), each file, the options."""
+    def describe(self, base: dict[str, str], written: bool = True) -> list[str]:
+        """One line per thing set: each variable (a key masked), each file (``written``
+        False: a dry run, which writes none), the options."""
         lines = []
         for name, value in self.env.items():
             if name in self.defaults and name in base:
@@ -65,7 +66,7 @@ class Launch:
                 lines.append(f"{name}={mask(value)}")
             else:
                 lines.append(f"{name}={value}")
-        lines += [f"wrote {path}" for path in self.files]
+        lines += [f"{'wrote' if written else 'would write'} {path}" for path in self.files]
         lines += self.shown_args
         return lines
 

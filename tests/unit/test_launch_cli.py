@@ -57,7 +57,8 @@ def agents_on_path(tmp_path: Path) -> Path:
 
 
 def launch(argv: list[str], daemon: Daemon, environ: dict[str, str],
-           tmp_path: Path) -> tuple[int, list[tuple[str, list[str], dict[str, str]]]]:
+           tmp_path: Path, terminal: bool = True,
+           ) -> tuple[int, list[tuple[str, list[str], dict[str, str]]]]:
     """``model-boss ARGV`` through the real parser; the status and what it would exec."""
     args = build_parser({}).parse_args(argv)
     started: list[tuple[str, list[str], dict[str, str]]] = []
@@ -66,7 +67,7 @@ def launch(argv: list[str], daemon: Daemon, environ: dict[str, str],
     status = launch_cli.run(args, client, environ,
                             execute=lambda path, argv, env: started.append(
                                 (path, list(argv), dict(env))),
-                            files_dir=tmp_path / "files")
+                            files_dir=tmp_path / "files", terminal=terminal)
     return status, started
 
 
@@ -227,3 +228,74 @@ def test_the_files_go_to_the_users_cache() -> None:
     assert launch_cli._files_dir({"XDG_CACHE_HOME": "/c", "HOME": "/home/u"}) == \
         Path("/c/model-boss/launch")
     assert os.path.isabs(str(launch_cli._files_dir({})))
+
+
+def test_the_admin_key_the_readme_exports_is_used_and_advised_against(agents_on_path, tmp_path,
+                                                                     capsys) -> None:
+    daemon = Daemon()
+    status, started = launch(["launch", "codex", "--", "exec", "say hi"], daemon,
+                             {"PATH": str(agents_on_path), "MODEL_BOSS_ADMIN_API_KEY": KEY},
+                             tmp_path)
+    assert status == 0
+    [(_, _, env)] = started
+    assert env["MODEL_BOSS_API_KEY"] == KEY
+    assert [call[2] for call in daemon.calls] == [f"Bearer {KEY}"] * 2
+    err = capsys.readouterr().err
+    assert "model-boss launch: the agent sends the admin's key ($MODEL_BOSS_ADMIN_API_KEY): " \
+           "a user key is safer (model-boss keys create NAME, then --key or " \
+           "MODEL_BOSS_API_KEY)" in err
+    assert KEY not in err
+
+
+@pytest.mark.parametrize(("environ", "argv", "whose"), [
+    ({"MODEL_BOSS_API_KEY": "user-key", "MODEL_BOSS_ADMIN_API_KEY": "admin-key"}, [],
+     "the agent sends $MODEL_BOSS_API_KEY"),
+    ({"MODEL_BOSS_API_KEY": "user-key"}, ["--key", "given-key"],
+     "the agent sends the key given with --key"),
+    ({}, [], "the agent sends no key (none given, and no MODEL_BOSS_API_KEY set)"),
+])
+def test_launch_says_whose_key_the_agent_sends(environ, argv, whose, agents_on_path, tmp_path,
+                                               capsys) -> None:
+    status, started = launch(["launch", "claude", *argv, "--", "-p", "hi"], Daemon(),
+                             {"PATH": str(agents_on_path), **environ}, tmp_path)
+    assert status == 0 and len(started) == 1
+    assert f"model-boss launch: {whose}\n" in capsys.readouterr().err
+
+
+def test_a_dry_run_writes_nothing_and_says_what_it_would(agents_on_path, tmp_path,
+                                                        capsys) -> None:
+    status, started = launch(["launch", "aider", "--dry-run"], Daemon(),
+                             {"PATH": str(agents_on_path)}, tmp_path)
+    assert (status, started) == (0, [])
+    err = capsys.readouterr().err
+    metadata = tmp_path / "files" / "aider-model-metadata.json"
+    assert f"model-boss launch: would write {metadata}" in err and "wrote" not in err
+    assert not metadata.exists() and not (tmp_path / "files").exists()
+
+
+@pytest.mark.parametrize(("agent", "args", "example"), [
+    ("codex", [], 'model-boss launch codex -- exec "PROMPT"'),
+    ("claude", ["--", "--verbose"], 'model-boss launch claude -- -p "PROMPT"'),
+    ("aider", [], 'model-boss launch aider -- --message "PROMPT"'),
+    ("opencode", [], 'model-boss launch opencode -- run "PROMPT"'),
+])
+def test_an_interactive_agent_without_a_terminal_is_told_first(agent, args, example,
+                                                               agents_on_path, tmp_path,
+                                                               capsys) -> None:
+    daemon = Daemon()
+    status, started = launch(["launch", agent, *args], daemon, {"PATH": str(agents_on_path)},
+                             tmp_path, terminal=False)
+    assert (status, started, daemon.calls) == (2, [], [])
+    assert capsys.readouterr().err == (
+        f"model-boss: {agent} needs a terminal (stdin and stdout are not one); without one, "
+        f"run it non-interactively: {example}\n")
+
+
+@pytest.mark.parametrize(("agent", "args"), [
+    ("codex", ["--", "exec", "say hi"]), ("claude", ["--", "-p", "say hi"]),
+    ("aider", ["--", "--message=say hi"]), ("opencode", ["--", "run", "say hi"]),
+])
+def test_a_non_interactive_run_needs_no_terminal(agent, args, agents_on_path, tmp_path) -> None:
+    status, started = launch(["launch", agent, *args], Daemon(), {"PATH": str(agents_on_path)},
+                             tmp_path, terminal=False)
+    assert status == 0 and len(started) == 1
