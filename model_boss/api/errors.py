@@ -53,8 +53,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> Response:
-        return error_response(bad_request(exc.errors()))
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(bad_request(exc.errors(), request.headers.get("content-type")))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> Response:

@@ -25,8 +25,10 @@ def parse(model: type[M], data: Any) -> M:
         raise bad_request(exc.errors()) from exc
 
 
-def bad_request(errors: Sequence[Any]) -> BadRequest:
-    """pydantic's (or FastAPI's) error list → one BadRequest about the first problem."""
+def bad_request(errors: Sequence[Any], content_type: str | None = None) -> BadRequest:
+    """pydantic's (or FastAPI's) error list → one BadRequest about the first problem.
+    ``content_type``: the request's; a body that is not an object because it was not sent
+    as JSON (FastAPI leaves such a body unread) is told so."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     loc = [str(part) for part in first.get("loc", ())]
     if loc and loc[0] in _LOCATIONS:
@@ -39,11 +41,22 @@ def bad_request(errors: Sequence[Any]) -> BadRequest:
     if param is None and first.get("type") == "missing":
         message = "request body is empty; expected a JSON object"
     elif param is None and first.get("type") in _NOT_AN_OBJECT:
+        if content_type and not is_json_type(content_type):
+            return BadRequest(f"Content-Type: {content_type}: send the body as "
+                              "application/json", code="invalid_content_type")
         message = "request body must be a JSON object"
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     code = "missing_field" if first.get("type") == "missing" else "invalid_request"
     return BadRequest(f"{param}: {message}" if param else message, param=param, code=code)
+
+
+def is_json_type(content_type: str) -> bool:
+    """A content type whose body FastAPI reads as JSON: ``application/json`` or
+    ``application/*+json``, parameters aside."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                           and kind.endswith("+json"))
 
 
 # what a request asks of a model that the model cannot give, known before any load

@@ -659,3 +659,52 @@ async def test_a_json_body_sent_as_curls_form_type_is_read_as_json(api):
     assert answer.status_code == 200, answer.text
     refused = await client.post("/v1/chat/completions", headers=form, content=b"model=a")
     assert refused.status_code == 400
+
+
+MESSAGES = {"model": "a", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+OLLAMA_CHAT = {"model": "a", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def error_of(response) -> tuple[str, str]:
+    """(message, type) of an error in OpenAI's, Anthropic's or Ollama's envelope."""
+    body = response.json()
+    if isinstance(body["error"], str):
+        return body["error"], "ollama"
+    return body["error"]["message"], "anthropic" if body.get("type") == "error" else "openai"
+
+
+@pytest.mark.parametrize("path, body, envelope", [
+    ("/v1/chat/completions", CHAT, "openai"),
+    ("/v1/embeddings", {"model": "a", "input": "hi"}, "openai"),
+    ("/v1/messages", MESSAGES, "anthropic"),
+])
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain; charset=utf-8",
+                                          "application/octet-stream"])
+async def test_a_json_body_of_another_content_type_is_told_its_content_type(
+        api, path, body, envelope, content_type):
+    """Not "must be a JSON object": the body may be one; its content type was wrong."""
+    client, _ = api
+    answer = await client.post(path, content=json.dumps(body).encode(),
+                               headers={**USER, "content-type": content_type})
+    assert answer.status_code == 400, answer.text
+    message, shape = error_of(answer)
+    assert shape == envelope
+    assert message == f"Content-Type: {content_type}: send the body as application/json"
+    if envelope == "openai":
+        assert answer.json()["error"]["code"] == "invalid_content_type"
+    sent_right = await client.post(path, json=body, headers=USER)
+    assert sent_right.status_code == 200, sent_right.text
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/octet-stream"])
+async def test_ollamas_routes_read_a_json_body_whatever_its_content_type(api, content_type):
+    """Ollama's server reads the body as JSON whatever the header says, and its clients
+    (and ``curl -d``) rely on it: so does model-boss on Ollama's routes."""
+    client, _ = api
+    headers = {**USER, **({"content-type": content_type} if content_type else {})}
+    answer = await client.post("/api/chat", content=json.dumps(OLLAMA_CHAT).encode(),
+                               headers=headers)
+    assert answer.status_code == 200, answer.text
+    not_an_object = await client.post("/api/chat", content=b"[1]", headers=headers)
+    assert not_an_object.status_code == 400
+    assert error_of(not_an_object) == ("request body must be a JSON object", "ollama")
