@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from ..errors import network_reason
+
 CHAT_CATEGORIES = ("llm", "vision")
 _NUM_CTX = re.compile(r"\bnum_ctx\s+(\d+)")
 
@@ -80,8 +82,8 @@ def _get(client: httpx.Client, method: str, path: str,
     url = str(client.base_url).rstrip("/")
     try:
         response = client.request(method, path, json=body)
-    except httpx.HTTPError as exc:
-        raise LaunchError(f"cannot reach {url}: {exc}") from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # worded as every command words it
+        raise LaunchError(f"cannot reach {url}: {network_reason(exc)}") from exc
     if response.status_code in (401, 403):
         raise LaunchError(f"{url} refused the key ({response.status_code}): set "
                           "MODEL_BOSS_API_KEY or pass --key")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from model_boss.cli import launch as launch_cli
-from model_boss.cli.client import DaemonClient
+from model_boss.cli.client import DaemonClient, DaemonUnreachable
 from model_boss.cli.parser import build_parser
 from model_boss.launch.daemon import LaunchError, served_model
 
@@ -220,6 +221,23 @@ def test_an_unreachable_daemon(tmp_path) -> None:
         served_model(client, None)
     assert caught.value.message == "cannot reach http://mb: refused"
     assert caught.value.status == 1
+
+
+def test_an_unreachable_daemon_is_worded_as_every_command_words_it(tmp_path, capsys) -> None:
+    """A closed port: launch's line is the one ``ps`` (every DaemonClient command) prints,
+    not the socket's ``[Errno 111]``."""
+    with socket.socket() as sock:  # bound, never listening, then closed: nothing answers
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with DaemonClient(url) as client, pytest.raises(DaemonUnreachable) as unreachable:
+        client.get("/api/v1/status")
+    args = build_parser({}).parse_args(["launch", "claude", "--dry-run", "--url", url])
+    status = launch_cli.run(args, DaemonClient(url), {"PATH": ""},
+                            files_dir=tmp_path / "files", terminal=True)
+    said = capsys.readouterr().err
+    assert status == 1
+    assert said == f"model-boss: {unreachable.value}\n"
+    assert said == f"model-boss: cannot reach {url}: connection refused (nothing listens there)\n"
 
 
 def test_the_files_go_to_the_users_cache() -> None:
