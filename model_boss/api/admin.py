@@ -16,6 +16,7 @@ from ..observability.refresh import refresh_metrics
 from ..runtime_config import RuntimeValues
 from ..scheduling.waiting import waiting_list
 from ..slots.slot import SlotState
+from ..tenancy.keys import identity_of, sees
 from .context import coordinator_of
 from .errors import OpenAIError, documented
 from .status_document import status_document
@@ -26,11 +27,17 @@ router = APIRouter(tags=["admin"], responses=documented(OpenAIError))
 @router.get("/health")
 async def health(request: Request, response: Response) -> dict[str, Any]:
     """200 ``status: ok`` while serving; 503 ``status: draining`` (with ``Retry-After``) once
-    a stop has begun, so a load balancer or healthcheck takes the daemon out at once."""
+    a stop has begun, so a load balancer or healthcheck takes the daemon out at once. With
+    keys, the ready models are named only to a key (those in its scope); anyone else is told
+    the counts."""
     coord = coordinator_of(request)
+    ready = sorted({s.model_id for s in coord.pool.slots.values() if s.state == SlotState.READY})
     answer: dict[str, Any] = {"status": "ok", "models": len(coord.catalog),
-                              "ready": sorted({s.model_id for s in coord.pool.slots.values()
-                                               if s.state == SlotState.READY})}
+                              "ready_count": len(ready)}
+    identity = identity_of(request.scope)
+    if not coord.keys.enforced or (identity is not None and identity.keyed):
+        names = {entry.manifest.id: entry.manifest.names for entry in coord.catalog}
+        answer["ready"] = [model for model in ready if sees(identity, names.get(model, [model]))]
     drain = coord.drain
     if drain.draining:
         response.status_code = 503

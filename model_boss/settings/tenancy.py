@@ -61,6 +61,9 @@ class TenancySettings(BaseModel):
     api_keys: dict[Annotated[str, Field(min_length=1, max_length=200)],
                    Annotated[SecretStr, Field(min_length=1)]] = Field(default_factory=dict)
     admin_api_key: str | None = None
+    # the bearer a Prometheus scrape sends for /metrics (an admin's key opens it too); unset:
+    # /metrics is open
+    metrics_api_key: Annotated[SecretStr, Field(min_length=1)] | None = None
     clients: dict[str, ClientProfile] = Field(default_factory=dict)
 
     @field_validator("api_keys")

@@ -105,6 +105,7 @@ KEYS = [
     Key("api_key", "MODEL_BOSS_API_KEY", "sk-shared", "sk-shared"),
     Key("api_keys", "MODEL_BOSS_API_KEYS", '{"alice": "sk-alice"}', {"alice": "sk-alice"}),
     Key("admin_api_key", "MODEL_BOSS_ADMIN_API_KEY", "sk-admin", "sk-admin"),
+    Key("metrics_api_key", "MODEL_BOSS_METRICS_API_KEY", "sk-scrape", "sk-scrape"),
     Key("clients", "MODEL_BOSS_CLIENTS", '{"alice": {"priority": 1, "share": 2}}',
         {"alice": {"priority": 1, "share": 2.0}}),
     # prompt caches

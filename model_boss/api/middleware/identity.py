@@ -2,10 +2,15 @@
 (:func:`~model_boss.tenancy.keys.with_identity`; read back with
 :func:`~model_boss.tenancy.keys.identity_of`). With keys configured, a route that needs one is
 refused without a good key (admin routes need an admin's); the key, with the client id the
-request named as its end user, is the identity. A cluster member's forward (trusted by
-:mod:`.forwards`) carries its key in its body and is identified where that is read."""
+request named as its end user, is the identity. An open path is never refused for a key, but
+a good one is its identity (``/health`` names the models only to a key), and ``/metrics``
+needs ``metrics_api_key`` (or an admin's key) once that is set. A cluster member's forward
+(trusted by :mod:`.forwards`) carries its key in its body and is identified where that is
+read."""
 
 from __future__ import annotations
+
+import hmac
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -16,9 +21,10 @@ from ...errors import BadRequest, Unauthorized
 from ...tenancy.keys import Identity, with_identity
 from ..errors import error_response
 from ..ollama import ADMIN_PATHS, is_ollama_path
-from .keys import check_key, given_key, identity
+from .keys import KeyCheck, check_key, given_key, identity
 
-OPEN_PATHS = {"/health", "/metrics"}
+METRICS_PATH = "/metrics"
+OPEN_PATHS = {"/health", METRICS_PATH}
 # under /api/, yet any key may use them, on its own: its usage, its jobs
 USER_API_PATHS = {"/api/v1/usage"}
 USER_API_PREFIXES = ("/api/v1/jobs",)
@@ -38,8 +44,17 @@ class Identify:
         headers = Headers(scope=scope)
         keys = self.coord.keys
         path = scope["path"]
-        if FORWARDED_HEADER in headers or not keys.enforced or _open(path):
+        if path == METRICS_PATH and not self._scrape_allowed(headers):
+            await error_response(Unauthorized(
+                "/metrics needs the metrics_api_key (or an admin's key) as its bearer"
+            ))(scope, receive, send)
+            return
+        if FORWARDED_HEADER in headers or not keys.enforced:
             who = Identity(end_user=headers.get("x-client-id"))
+        elif _open(path):
+            # told apart, never refused: a good key is the identity, anything else no one
+            checked = check_key(given_key(headers), keys, admin=False)
+            who = identity(checked if checked.allowed else KeyCheck(False), headers)
         else:
             # a key's own usage and jobs: with no user key, only an admin reads them
             checked = check_key(given_key(headers), keys, admin=_admin_path(path) or (
@@ -55,6 +70,18 @@ class Identify:
                     param="x_client_id", code="invalid_value"))(scope, receive, send)
                 return
         await self.app(with_identity(scope, who), receive, send)
+
+    def _scrape_allowed(self, headers: Headers) -> bool:
+        """``/metrics``: open while ``metrics_api_key`` is unset; else that key or an
+        admin's."""
+        scrape_key = self.coord.settings.metrics_api_key
+        if scrape_key is None:
+            return True
+        given = given_key(headers)
+        if hmac.compare_digest(given.encode(), scrape_key.get_secret_value().encode()):
+            return True
+        checked = check_key(given, self.coord.keys, admin=True)
+        return checked.allowed and checked.record is not None
 
 
 def _admin_path(path: str) -> bool:
