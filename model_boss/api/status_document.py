@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..catalog import context_view
 from ..scheduling.waiting import queue_status
+from ..slot_key import slot_key
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -46,7 +47,7 @@ async def model_views(coord: Coordinator, queued: dict[str, int]) -> list[dict[s
     """Every manifest, slot or not: what it is, how many requests wait for it (``queued``:
     by model), and (for one never loaded, which has no slot) its VRAM estimate."""
     without_slot = [e for e in coord.catalog
-                    if e.available and e.manifest.id not in coord.pool.slots]
+                    if e.available and slot_key(e.manifest.id) not in coord.pool.slots]
     # off the event loop: an estimate not yet cached may read the model file
     estimates = await asyncio.to_thread(_estimates, coord, without_slot)
     return [

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
 from ..scheduling.replicas.choice import prefix_holder
-from ..slot_key import model_of
+from ..slot_key import SlotKey, model_of, slot_key
 from .records import MemberRecord, SlotRecord
 
 ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")
@@ -103,7 +103,7 @@ def scale_out(demand: Demand, members: Sequence[MemberRecord], local_id: str, no
                  cold=True)
 
 
-def _copy_of(key: str, model: str) -> bool:
+def _copy_of(key: SlotKey, model: str) -> bool:
     """Whether slot ``key`` is ``model`` or one of its replicas on one member."""
     return model_of(key) == model
 
@@ -114,7 +114,8 @@ def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
     Needs no estimate of the model, so a warm request costs no more than this. ``prefix``:
     the request's chained prompt-block hashes (empty: no preference by cache)."""
     serving = [m for m in members if model in m.models]
-    ready = [(m, s) for m in serving if (s := m.slot(model)) is not None and s.state == "ready"]
+    first = slot_key(model)  # the copy rules 1 and 2 look for: the model's first
+    ready = [(m, s) for m in serving if (s := m.slot(first)) is not None and s.state == "ready"]
     if ready:
         ranked = sorted(ready, key=lambda pair: (
             pair[1].parallel_free == 0, pair[1].queued, pair[1].active,
@@ -127,10 +128,10 @@ def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
         member = ranked[0][0]
         return _pick(member, local_id, f"'{model}' is ready on {member.host_id}")
     coming = [m for m in serving
-              if (s := m.slot(model)) is not None and s.state in ON_THE_WAY]
+              if (s := m.slot(first)) is not None and s.state in ON_THE_WAY]
     if coming:
         member = min(coming, key=lambda m: (m.host_id != local_id, m.host_id))
-        state = member.slot(model).state  # type: ignore[union-attr]
+        state = member.slot(first).state  # type: ignore[union-attr]
         return _pick(member, local_id, f"'{model}' is {state} on {member.host_id}")
     return None
 

@@ -20,6 +20,7 @@ from ..jobs import Job, JobStore, Runner
 from ..runtime_config import RuntimeConfig
 from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
+from ..slot_key import slot_key
 from ..slots.pool import ModelPool
 from .choice import Here, There, copy_wanted, scale_out, where_cold, where_warm
 from .forward import Forwarder
@@ -142,7 +143,7 @@ class Cluster:
         most of ``prefix``, the request's prompt blocks, within the load slack). None when
         it is nowhere, or when its copies are full and its requests wait long enough for one
         more (then :meth:`route` names a loader under the load lock)."""
-        local = self.pool.slots.get(model_id)
+        local = self.pool.slots.get(slot_key(model_id))  # its first copy here
         state = str(local.state) if local is not None else "idle"
         if state not in ("idle", "ready"):
             return Route(None, f"'{model_id}' is {state} here")
@@ -155,7 +156,7 @@ class Cluster:
                           self.settings.replica_load_slack)
         if warm is not None:
             return _route(warm)
-        local = self.pool.slots.get(model_id)
+        local = self.pool.slots.get(slot_key(model_id))
         if local is not None and str(local.state) == "ready":  # our record was older
             return Route(None, f"'{model_id}' is ready here")
         return None

@@ -26,6 +26,7 @@ from ..catalog import Catalog
 from ..errors import StoreUnavailable
 from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
+from ..slot_key import SlotKey
 from ..slots.pool import ModelPool
 from .records import MemberRecord, SlotRecord
 from .store import ClusterStore, Notice
@@ -72,12 +73,12 @@ class Membership:
         now = time.time()
         slots = []
         for view in snap.slots:
-            slot = self.pool.slots.get(view.model_id)
+            slot = self.pool.slots.get(view.key)
             if slot is None or view.state == "idle":
                 continue
             slots.append(SlotRecord(
-                model=view.model_id, state=view.state, tier=slot.tier, active=view.active,
-                queued=queued.get(view.model_id, 0), parallel=slot.parallel,
+                model=view.key, state=view.state, tier=slot.tier, active=view.active,
+                queued=queued.get(view.key, 0), parallel=slot.parallel,
                 pinned=view.pinned, last_used=view.last_used,
                 last_priority=view.last_priority, unload_at=view.unload_at,
                 allocations=dict(view.allocations), reload_s=view.reload_s,
@@ -95,7 +96,7 @@ class Membership:
     def prefixes(self) -> dict[str, tuple[int, ...]]:
         """Per model READY here, the block hashes its replicas were sent most recently: each
         replica's last ``PUBLISHED_BLOCKS / replicas``, together."""
-        ready: dict[str, list[str]] = {}
+        ready: dict[str, list[SlotKey]] = {}  # model -> its READY copies
         for slot in self.pool.slots.values():
             if str(slot.state) == "ready":
                 ready.setdefault(slot.model_id, []).append(slot.key)

@@ -15,13 +15,15 @@ from typing import Any
 from ..scheduling.eviction import SlotView
 from ..scheduling.planner import Snapshot
 from ..scheduling.states import SlotState
+from ..slot_key import SlotKey
 
 
 @dataclass(frozen=True, slots=True)
 class SlotRecord:
-    """One slot of a member: the evictor's view plus the counts routing weighs."""
+    """One slot of a member: the evictor's view plus the counts routing weighs. ``model``
+    is the copy's key (the model's id, ``id#n`` for its replica n)."""
 
-    model: str
+    model: SlotKey
     state: str
     tier: str
     active: int = 0
@@ -78,9 +80,10 @@ class MemberRecord:
     # (bounded; see :mod:`model_boss.scheduling.replicas.prefixes`)
     prefixes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
-    def slot(self, model: str) -> SlotRecord | None:
+    def slot(self, key: SlotKey) -> SlotRecord | None:
+        """Its slot of the copy ``key``, if it has one."""
         for slot in self.slots:
-            if slot.model == model:
+            if slot.model == key:
                 return slot
         return None
 

@@ -14,6 +14,7 @@ import orjson
 
 from ..catalog import Catalog
 from ..scheduling.queue import SlotTicket
+from ..slot_key import slot_key
 from ..slots.pool import ModelPool
 from ..slots.slot import SlotState
 from .job import Job, JobStatus
@@ -60,7 +61,7 @@ class JobRunner:
 
     def _warm(self, model: Any) -> bool:
         entry = self.catalog.find(model) if isinstance(model, str) else None
-        slot = self.pool.slots.get(entry.manifest.id) if entry else None
+        slot = self.pool.slots.get(slot_key(entry.manifest.id)) if entry else None
         return slot is not None and slot.state == SlotState.READY
 
     async def __call__(self, job: Job, manager: JobManager) -> Any:

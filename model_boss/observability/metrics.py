@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
 
+from ..scheduling.states import SlotState
+from ..slot_key import SlotKey
 from .gateway import GatewayCollector
 
 if TYPE_CHECKING:
@@ -82,6 +84,12 @@ class Metrics:
     def observe_request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(model, endpoint, str(status)).inc()
         self.latency.labels(model, endpoint).observe(seconds)
+
+    def slot_in(self, key: SlotKey, state: SlotState) -> None:
+        """The copy ``key`` is in ``state`` (1) and in no other (0). Its series' label
+        ``model`` carries the copy's key (``id#n`` past the first): a series per copy."""
+        for each in SlotState:
+            self.slot_state.labels(key, str(each)).set(int(each == state))
 
     def observe_wait(self, priority: int, seconds: float) -> None:
         self.queue_wait.labels(str(priority)).observe(seconds)

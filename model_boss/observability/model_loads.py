@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
+from ..slot_key import SlotKey
 from ..slots.slot import ModelSlot, SlotState
 from .gateway import ModelLoad
 
 
-async def model_loads(slots: Mapping[str, ModelSlot],
+async def model_loads(slots: Mapping[SlotKey, ModelSlot],
                       waiting: Mapping[str, int]) -> list[ModelLoad]:
     """Every model with a slot or a waiter (``waiting``: the queue's count by model): its
     waiting and running requests, its worker's KV-cache use where a ready worker counts it

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..gpu import GPUBoss
 from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
-from ..slots import ModelPool, SlotState
+from ..slots import ModelPool
 from .metrics import Metrics
 from .model_loads import model_loads, model_totals
 
@@ -23,9 +23,8 @@ async def refresh_metrics(m: Metrics, queue: InferenceQueue, boss: GPUBoss, pool
     for usage in await boss.usage():
         m.gpu_leased.labels(str(usage.index)).set(usage.leased_mb)
         m.gpu_free.labels(str(usage.index)).set(usage.free_mb)
-    for slot in pool.slots.values():  # each copy of a model as its own series
-        for state in SlotState:
-            m.slot_state.labels(slot.key, str(state)).set(int(slot.state == state))
+    for slot in pool.slots.values():
+        m.slot_in(slot.key, slot.state)
     for model_id, running, limit in model_totals(pool.slots.values()):
         m.model_max_concurrency.labels(model_id).set(limit)
         m.model_running.labels(model_id).set(running)

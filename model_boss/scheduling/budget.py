@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import RateLimited
+from ..slot_key import slot_key
 from .states import SlotState
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class Admission:
 
     def predict(self, request: QueuedRequest) -> Prediction:
         """Expected wait + load + inference for ``request`` if it were queued now."""
-        slot = self.pool.slots.get(request.model_id)
+        first = slot_key(request.model_id)  # the model's first copy
+        slot = self.pool.slots.get(first)
         learned = self.pool.learned
         warm = slot is not None and slot.state == SlotState.READY
         # every waiting request came earlier: those ahead are the ones of its priority or a
@@ -85,7 +87,7 @@ class Admission:
         if not warm:
             entry = self.pool.catalog.find(request.model_id)
             size = self.pool.estimate(entry).mb if entry else 0
-        return predict(warm=warm, loading=self.pool.is_loading(request.model_id),
+        return predict(warm=warm, loading=self.pool.is_loading(first),
                        ahead=ahead, parallel=slot.parallel if slot else 1,
                        load_s=learned.predicted_load_s(request.model_id, size),
                        infer_s=learned.predicted_infer_s(request.model_id))

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..slot_key import SlotKey, slot_key
 from .states import SlotState
 
 
 @dataclass(frozen=True, slots=True)
 class SlotView:
-    """What the evictor needs to know about one slot."""
+    """What the evictor needs to know about one slot (one copy of a model: ``key``)."""
 
-    model_id: str
+    key: SlotKey
     state: str
     pinned: bool
     active: int
@@ -44,10 +45,11 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
     ``unload_at`` or last used at a priority not more important than the incoming one
     (numerically >=; the incoming priority is the aged one). Order: models no waiting request
     needs before those in ``wanted`` (the waiting requests' models in serving order; of
-    those, the one needed latest first), then expired first, then least important, then the
-    lowest keep value (reload cost × request rate), then least recently used.
+    those, the one needed latest first; of a model's copies, its first is the one held
+    back), then expired first, then least important, then the lowest keep value (reload
+    cost × request rate), then least recently used.
     """
-    position = {model: i for i, model in reversed(list(enumerate(wanted)))}
+    position = {slot_key(model): i for i, model in reversed(list(enumerate(wanted)))}
 
     def expired(s: SlotView) -> bool:
         return s.unload_at is not None and now >= s.unload_at
@@ -58,7 +60,7 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
         and (expired(s) or s.last_priority >= incoming_priority)
     ]
     return sorted(eligible, key=lambda s: (
-        (0, 0) if s.model_id not in position else (1, -position[s.model_id]),
+        (0, 0) if s.key not in position else (1, -position[s.key]),
         not expired(s), -s.last_priority, s.keep_value, s.last_used))
 
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..gpu.placement import LayerCosts, Placement, place
+from ..slot_key import SlotKey, model_of
 from .eviction import SlotView, evict_candidates, victims_for
 from .states import SlotState
 
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What a load needs: its size and how it may be placed."""
+    """What a load needs: the copy it loads (``key``), its size and how it may be placed."""
 
-    model_id: str
+    key: SlotKey
     need_mb: int
     priority: int
     allow_split: bool = False
@@ -31,7 +32,12 @@ class Demand:
     needs_vram: bool = True
     # a replica: not on its siblings' GPUs, and never in place of one of them
     avoid_gpus: frozenset[int] = frozenset()
-    siblings: frozenset[str] = frozenset()
+    siblings: frozenset[SlotKey] = frozenset()
+
+    @property
+    def model_id(self) -> str:
+        """The model the copy is of."""
+        return model_of(self.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,7 @@ class Fit:
 
 @dataclass(frozen=True, slots=True)
 class Evict:
-    victims: tuple[str, ...]
+    victims: tuple[SlotKey, ...]  # the copies to evict
     placement: Placement
     can_start = True
 
@@ -65,7 +71,7 @@ class Evict:
 class Wait:
     reason: str
     retry_after_s: float = 5.0
-    blocking: tuple[str, ...] = field(default=())  # busy models that would be evicted once idle
+    blocking: tuple[SlotKey, ...] = field(default=())  # busy copies, victims once idle
     can_start = False
 
 
@@ -85,8 +91,7 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
     placement = _place(demand, snapshot.free_mb)
     if placement is not None:
         return Fit(placement)
-    others = [s for s in snapshot.slots if s.model_id != demand.model_id
-              and s.model_id not in demand.siblings]
+    others = [s for s in snapshot.slots if s.key != demand.key and s.key not in demand.siblings]
     candidates = evict_candidates(others, demand.priority, snapshot.now, snapshot.wanted)
     victims = victims_for(demand.need_mb, _usable(demand, snapshot.free_mb), candidates,
                           allow_split=demand.allow_split, prune=snapshot.prune)
@@ -97,7 +102,7 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
                 freed[gpu] = freed.get(gpu, 0) + mb
         after = _place(demand, freed)
         if after is not None:
-            return Evict(tuple(v.model_id for v in victims), after)
+            return Evict(tuple(v.key for v in victims), after)
     pinned: dict[int, int] = {}
     for view in others:
         if view.pinned:
@@ -110,7 +115,7 @@ def plan(demand: Demand, snapshot: Snapshot) -> Plan:
                      f"can ever be free for it (capacity minus margin minus pinned models)")
     # only models that would be victims once idle are worth draining; holding back a model
     # this request may not evict (a more important client's, inside its keep-alive) helps none
-    busy = tuple(v.model_id for v in others if v.allocations and not v.pinned
+    busy = tuple(v.key for v in others if v.allocations and not v.pinned
                  and (v.active or v.state not in (SlotState.READY, SlotState.OFFLOADED))
                  and evict_candidates([_settled(v)], demand.priority, snapshot.now))
     return Wait(f"'{demand.model_id}' needs {demand.need_mb} MB; waiting for room",

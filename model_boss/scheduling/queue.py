@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
 from ..events import EventBus
 from ..settings import Settings
+from ..slot_key import SlotKey, slot_key
 from ..tenancy.usage import Meter
 from .budget import Admission, admit
 from .ordering import OrderPolicy, effective_priority, fair_rank
@@ -66,7 +67,7 @@ class InferenceQueue(Admission):
         self._wake = asyncio.Event()
         self._held = False
         self._in_flight_by_client: dict[str, int] = {}
-        self._evicting: dict[str, tuple[str, ...]] = {}  # loading model -> its victims
+        self._evicting: dict[SlotKey, tuple[SlotKey, ...]] = {}  # loading copy -> its victims
         # request id -> how to ask it to give its slot back (a video job: it is requeued)
         self.yieldable: dict[str, Callable[[], None]] = {}
         self.granted_total = 0
@@ -252,7 +253,7 @@ class InferenceQueue(Admission):
         now = time.time()
         self._expire(now)
         # slots a waiter ahead needs to go idle, and those a load under way is evicting
-        draining: set[str] = {m for victims in self._evicting.values() for m in victims}
+        draining: set[SlotKey] = {key for victims in self._evicting.values() for key in victims}
         self._planners, self._scale_due = [], None
         self.replicas.begin_pass()
         scaled: set[str] = set()  # models asked for one more replica in this pass
@@ -294,7 +295,7 @@ class InferenceQueue(Admission):
                 continue  # a replica is on its way, or leaving
             priority = self.aged_priority(request, now)
             try:
-                decision = await self.pool.plan(request.model_id, priority)
+                decision = await self.pool.plan(slot_key(request.model_id), priority)
             except ModelBossError as exc:
                 self._fail_model(request.model_id, exc)
                 continue
@@ -309,11 +310,12 @@ class InferenceQueue(Admission):
                 task = owner.start_load(priority)
                 if task is not None and isinstance(decision, Evict):
                     # no new grants on what this load evicts until it is done
-                    self._evicting[request.model_id] = decision.victims
+                    self._evicting[owner.slot.key] = decision.victims
                     draining.update(decision.victims)
                 if task is not None:
                     task.add_done_callback(
-                        lambda t, model=request.model_id: self._load_done(model, t))
+                        lambda t, key=owner.slot.key, model=request.model_id:
+                        self._load_done(key, t, model))
 
     async def _scale(self, request: QueuedRequest, owners: list[SlotGate], now: float,
                      scaled: set[str]) -> None:
@@ -344,15 +346,18 @@ class InferenceQueue(Admission):
                          waited_s=round(now - request.submitted_at, 3))
         if isinstance(decision, Evict):
             self._evicting[owner.slot.key] = decision.victims
-        task.add_done_callback(lambda t, key=owner.slot.key: self._load_done(key, t))
+        task.add_done_callback(lambda t, key=owner.slot.key: self._load_done(key, t, None))
 
-    def _load_done(self, model_id: str, task: asyncio.Task) -> None:
-        if self._evicting.pop(model_id, None):
+    def _load_done(self, key: SlotKey, task: asyncio.Task, model_id: str | None) -> None:
+        """The load of the copy ``key`` ended. A failure fails the waiters of ``model_id``
+        (None: a replica's load, whose model's waiters the copies serving it keep)."""
+        if self._evicting.pop(key, None):
             self.wake()
         exc = None if task.cancelled() else task.exception()
         if exc is not None and not isinstance(exc, CapacityExceeded):
-            self._fail_model(model_id, exc if isinstance(exc, ModelBossError)
-                             else CapacityExceeded(str(exc)))
+            if model_id is not None:
+                self._fail_model(model_id, exc if isinstance(exc, ModelBossError)
+                                 else CapacityExceeded(str(exc)))
         elif not task.cancelled():
             self.wake()  # loaded, or lost a race for room: the waiters stay and retry
 

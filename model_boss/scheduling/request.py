@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..endpoints import IMAGES
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
+from ..slot_key import SlotKey
 from ..tenancy.usage.figures import Figures
 from .ordering import Lines, OrderPolicy, Waiter
 from .replicas import Route
@@ -252,13 +253,13 @@ def yielders(blocking: Collection[str], priority: int,
             if model_id in blocked and running_priority > priority]
 
 
-def ask_to_yield(blocking: Collection[str], priority: int,
-                 running: Callable[[str], Iterable[SlotTicket]],
+def ask_to_yield(blocking: Collection[SlotKey], priority: int,
+                 running: Callable[[SlotKey], Iterable[SlotTicket]],
                  yieldable: dict[str, Callable[[], None]]) -> list[str]:
     """Ask the work :func:`yielders` names to yield (each once: its ask leaves
-    ``yieldable``); ``running`` gives a model's running tickets. The ids asked."""
+    ``yieldable``); ``running`` gives a copy's running tickets. The ids asked."""
     candidates = [(ticket.slot.model_id, ticket.request.priority, ticket.request.request_id)
-                  for model_id in blocking for ticket in running(model_id)
+                  for key in blocking for ticket in running(key)
                   if ticket.request.request_id in yieldable]
     asked = yielders(blocking, priority, candidates)
     for request_id in asked:

@@ -5,16 +5,33 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import orjson
 
+from ..slot_key import SlotKey
 from .replicas import cached_prefix_tokens
 
 if TYPE_CHECKING:
     from .request import SlotTicket
 
 log = logging.getLogger(__name__)
+
+
+class RowExtras(TypedDict, total=False):
+    """What a request log row shows beyond the trace line (:class:`RequestRing`'s rows)."""
+
+    load_wait_s: float
+    task: str | None
+    rung: int | None
+    endpoint: str | None
+    prompt: str | None
+    end_user: str
+    # where its model runs as replicas: the copy that served (its key, ``id#n`` past the
+    # first, as the row shows it), why there, and the prompt tokens that copy had cached
+    replica: SlotKey
+    route: str | None
+    cached_prefix_tokens: int
 
 
 class RequestLog:
@@ -42,7 +59,7 @@ class RequestLog:
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
               load_s: float | None = None, tokens: int | None = None,
-              extra: dict | None = None) -> None:
+              extra: RowExtras | None = None) -> None:
         """``tokens`` (generated, when the answer said) and ``extra`` (the load wait, task,
         rung, endpoint and a captured prompt) are for :class:`RequestRing`'s rows; the trace
         line keeps its format."""
@@ -66,7 +83,7 @@ class RequestLog:
             self._handle = None
 
 
-def _replica(ticket: SlotTicket) -> dict:
+def _replica(ticket: SlotTicket) -> RowExtras:
     """Where a model runs as replicas: the one that served and why (a request log row's)."""
     if ticket.slot.entry.manifest.replicas.max < 2:
         return {}

@@ -14,6 +14,7 @@ from ..catalog.tasks import TaskRegistry, TaskSpec, task_name
 from ..errors import BadRequest, Forbidden, ModelBossError
 from ..runtime_config import RuntimeConfig
 from ..settings import ClientProfile
+from ..slot_key import slot_key
 from ..tenancy.keys import model_in_scope
 from .seams import SlotBoard
 from .states import SlotState
@@ -114,7 +115,7 @@ class ModelRouter:
 
     async def _view(self, model_id: str, position: int, priority: int) -> Candidate:
         entry = self.catalog.get(model_id)
-        slot = self.pool.slots.get(model_id)
+        slot = self.pool.slots.get(slot_key(model_id))  # its first copy
         warm = slot is not None and slot.state == SlotState.READY
         available, placeable = True, warm
         try:
@@ -123,7 +124,7 @@ class ModelRouter:
             available = False
         if available and not warm:
             try:
-                placeable = (await self.pool.plan(model_id, priority)).can_start
+                placeable = (await self.pool.plan(slot_key(model_id), priority)).can_start
             except ModelBossError:
                 placeable = False
         return Candidate(entry.manifest.id, position, is_cloud(self.catalog, model_id),

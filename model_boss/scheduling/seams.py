@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from ..catalog import Catalog, CatalogEntry
 from ..gpu.estimate import VramEstimate
+from ..slot_key import SlotKey
 from .learned import LearnedStats
 from .planner import Plan
 from .rates import RequestRates
@@ -36,7 +37,7 @@ class SlotReading(Protocol):
     def model_id(self) -> str: ...
 
     @property
-    def key(self) -> str: ...  # the model's id, or ``id#n`` for its replica n
+    def key(self) -> SlotKey: ...  # the model's id, or ``id#n`` for its replica n
 
 
 class LoadUnderWay(Protocol):
@@ -69,8 +70,8 @@ class SlotBoard(Protocol):
     catalog: Catalog
     learned: LearnedStats
     rates: RequestRates
-    slots: Mapping[str, SlotReading]
-    owners: Mapping[str, SlotGate]
+    slots: Mapping[SlotKey, SlotReading]
+    owners: Mapping[SlotKey, SlotGate]
     on_change: Callable[[], None]
     wanted: Callable[[], tuple[str, ...]]
 
@@ -84,6 +85,6 @@ class SlotBoard(Protocol):
 
     def estimate(self, entry: CatalogEntry) -> VramEstimate: ...
 
-    def is_loading(self, model_id: str) -> bool: ...
+    def is_loading(self, key: SlotKey) -> bool: ...
 
-    async def plan(self, model_id: str, priority: int) -> Plan: ...
+    async def plan(self, key: SlotKey, priority: int) -> Plan: ...

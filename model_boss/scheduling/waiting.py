@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ModelBossError
+from ..slot_key import SlotKey, slot_key
 from .planner import Evict, Wait
 from .queue import InferenceQueue, QueuedRequest
 from .states import SlotState
@@ -75,27 +76,28 @@ async def start_in_s(queue: InferenceQueue, request: QueuedRequest,
       evict, drained of the work ahead) and the other models ahead of it that must load and
       run in turn first."""
     pool, model = queue.pool, request.model_id
+    first = slot_key(model)  # the model's first copy
     now = time.monotonic()
 
-    def drain_s(name: str) -> float:
-        """How long ``name``'s slot stays busy with what runs there and what is ahead."""
+    def drain_s(key: SlotKey) -> float:
+        """How long the copy ``key`` stays busy with what runs there and what is ahead."""
         learned = pool.learned
-        running = sum(max(0.0, learned.predicted_infer_s(name, t.request.work)
-                          - (now - t.started)) for t in queue.meter.running(name))
-        queued = sum(learned.predicted_infer_s(name, r.work) for r in ahead
-                     if r.model_id == name)
-        slot = pool.slots.get(name)
+        running = sum(max(0.0, learned.predicted_infer_s(key, t.request.work)
+                          - (now - t.started)) for t in queue.meter.running(key))
+        queued = sum(learned.predicted_infer_s(key, r.work) for r in ahead
+                     if r.model_id == key)
+        slot = pool.slots.get(key)
         return (running + queued) / max(1, slot.parallel if slot else 1)
 
-    slot = pool.slots.get(model)
+    slot = pool.slots.get(first)
     if slot is not None and slot.state == SlotState.READY:
-        return drain_s(model)
-    owner = pool.owners.get(model)
+        return drain_s(first)
+    owner = pool.owners.get(first)
     progress = owner.progress if owner is not None else None
     load_s = _load_s(pool, model)
     if progress is not None:  # its load is under way: what the learned time leaves of it
-        return max(0.0, load_s - progress.elapsed_s()) + drain_s(model)
-    return await _room_s(queue, request, ahead, drain_s) + load_s + drain_s(model)
+        return max(0.0, load_s - progress.elapsed_s()) + drain_s(first)
+    return await _room_s(queue, request, ahead, drain_s) + load_s + drain_s(first)
 
 
 def _load_s(pool: Any, model: str) -> float:
@@ -109,18 +111,19 @@ async def _room_s(queue: InferenceQueue, request: QueuedRequest, ahead: list[Que
     """Until a model that is not loaded has its room: none when it fits now or its victims
     are idle; else the busy models it waits for drained, and before it the other models
     ahead that must load and run in their turn."""
-    pool = queue.pool
+    pool, first = queue.pool, slot_key(request.model_id)
     try:
-        plan = await pool.plan(request.model_id, request.priority)
+        plan = await pool.plan(first, request.priority)
     except ModelBossError:  # unknown or unservable: it fails, it does not wait
         return 0.0
     if isinstance(plan, Evict):
         return max((drain_s(victim) for victim in plan.victims), default=0.0)
     if not isinstance(plan, Wait):
         return 0.0
-    resident = {name for name, slot in pool.slots.items()
+    resident = {key for key, slot in pool.slots.items()
                 if slot.state not in (SlotState.IDLE, SlotState.STOPPING)}
-    blocking = plan.blocking or tuple(name for name in resident if name != request.model_id)
-    waited = max((drain_s(name) for name in blocking), default=0.0)
+    blocking = plan.blocking or tuple(key for key in resident if key != first)
+    waited = max((drain_s(key) for key in blocking), default=0.0)
+    # the other models ahead whose first copy is not resident load and run in turn before it
     before = {r.model_id for r in ahead} - resident - {request.model_id}
-    return waited + sum(_load_s(pool, name) + drain_s(name) for name in before)
+    return waited + sum(_load_s(pool, name) + drain_s(slot_key(name)) for name in before)

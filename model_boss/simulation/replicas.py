@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..scheduling.replicas import ReplicaView, ScaleView, route, scale_up
 from ..scheduling.states import SlotState
+from ..slot_key import SlotKey, slot_key
 from .simulator import Trace, pct
 
 
@@ -59,7 +60,7 @@ class ReplicaResult:
 
 @dataclass
 class _Copy:
-    key: str
+    key: SlotKey
     started: float
     ready_at: float
     ends: list[float] = field(default_factory=list)  # of the requests it runs
@@ -165,7 +166,7 @@ class _Run:
             if not scale_up(view, self.s.wait_s):
                 return
             self.named += 1
-            self.copies.append(_Copy(f"{self.model}#{self.named}", t, t + self.s.load_s,
+            self.copies.append(_Copy(slot_key(self.model, self.named), t, t + self.s.load_s,
                                      idle_since=t + self.s.load_s))
             self.result.starts.append(t)
             self.result.peak = max(self.result.peak, len(self.copies))

@@ -23,6 +23,7 @@ from ..scheduling.eviction import SlotView
 from ..scheduling.ordering import STRICT, Waiter, rank_on_arrival
 from ..scheduling.planner import Evict, Fit, Snapshot, Wait, plan
 from ..scheduling.rates import RequestRates
+from ..slot_key import model_of, slot_key
 from .simulator import Result, SimPolicy, SimRequest, Trace, demand_of, in_serving_order
 
 EPSILON = 1e-9
@@ -129,11 +130,11 @@ class _SideBySide:
                             self._snapshot(t, wanted))
             if isinstance(decision, Evict | Fit):
                 for victim in getattr(decision, "victims", ()):
-                    del self.loaded[victim]
+                    del self.loaded[model_of(victim)]
                 self._load(req, t)
                 return True
             if isinstance(decision, Wait):
-                draining.update(decision.blocking)
+                draining.update(map(model_of, decision.blocking))
         return False
 
     def _grant(self, req: SimRequest, model: _Loaded, t: float) -> None:
@@ -157,8 +158,9 @@ class _SideBySide:
     def _snapshot(self, t: float, wanted: tuple[str, ...]) -> Snapshot:
         ahead = self.policy.look_ahead
         views = tuple(
-            SlotView(name, "ready" if m.ready_at <= t else "loading", False, len(m.running),
-                     m.last_used, m.last_priority, m.last_used + self.policy.stay_warm_s,
+            SlotView(slot_key(name), "ready" if m.ready_at <= t else "loading", False,
+                     len(m.running), m.last_used, m.last_priority,
+                     m.last_used + self.policy.stay_warm_s,
                      {0: self.trace.sizes[name]},
                      reload_s=self.trace.load_time(name) if ahead else 0.0,
                      rate_per_s=self.rates.rate(name, t) if ahead else 0.0)

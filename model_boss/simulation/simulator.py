@@ -37,6 +37,7 @@ from ..scheduling.ordering import (
 )
 from ..scheduling.planner import Demand, Evict, Fit, Snapshot, plan
 from ..scheduling.rates import RequestRates
+from ..slot_key import model_of, slot_key
 
 LOAD_S_PER_GB = 1.5  # simulated cold load: a fixed second plus size-proportional reading
 STAY_WARM_S = 300.0
@@ -194,16 +195,16 @@ class _Run:
                 return req
             if isinstance(decision, Evict):
                 for victim in decision.victims:
-                    del self.resident[victim]
+                    del self.resident[model_of(victim)]
                 return req
-            draining.update(getattr(decision, "blocking", ()))
+            draining.update(map(model_of, getattr(decision, "blocking", ())))
         return None
 
     def snapshot(self, t: float, wanted: tuple[str, ...]) -> Snapshot:
         capacity = self.trace.capacity_mb
         ahead = self.policy.look_ahead
         views = tuple(
-            SlotView(m, "ready", False, 0, r.last_used, r.last_priority,
+            SlotView(slot_key(m), "ready", False, 0, r.last_used, r.last_priority,
                      r.last_used + self.policy.stay_warm_s, {0: self.trace.sizes[m]},
                      reload_s=self.trace.load_time(m) if ahead else 0.0,
                      rate_per_s=self.rates.rate(m, t) if ahead else 0.0)
@@ -248,8 +249,9 @@ def in_serving_order(trace: Trace, waiting: list[SimRequest], waiters: dict[int,
 
 
 def demand_of(trace: Trace, req: SimRequest, t: float, order: OrderPolicy) -> Demand:
-    """What loading ``req``'s model asks of the planner at ``t`` (its aged priority)."""
-    return Demand(req.model, trace.sizes[req.model],
+    """What loading ``req``'s model (its one copy) asks of the planner at ``t`` (its aged
+    priority)."""
+    return Demand(slot_key(req.model), trace.sizes[req.model],
                   effective_priority(req.priority, t - req.arrival, order))
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..catalog import CatalogDiff
 from ..errors import ModelBossError
+from ..slot_key import SlotKey
 from .slot import SlotState
 
 if TYPE_CHECKING:
@@ -39,17 +40,18 @@ async def take_catalog_change(pool: ModelPool, diff: CatalogDiff, drain_s: float
     pool.on_change()
 
 
-async def _retire(pool: ModelPool, model_id: str, reason: str, drain_s: float,
+async def _retire(pool: ModelPool, key: SlotKey, reason: str, drain_s: float,
                   forget: bool) -> None:
-    owner = pool.owners[model_id]
+    """Stop the copy ``key``; ``forget``: its model left the catalog, so its slot goes too."""
+    owner = pool.owners[key]
     try:
         if await owner.unload(reason, wait_s=drain_s, wait_for_op=True):
-            log.info("'%s' stopped: %s", model_id, reason)
+            log.info("'%s' stopped: %s", key, reason)
     except ModelBossError as exc:  # still busy after the drain: it stops at its next idle
-        log.warning("'%s' (%s) could not be stopped now: %s", model_id, reason, exc.message)
+        log.warning("'%s' (%s) could not be stopped now: %s", key, reason, exc.message)
     if forget and owner.slot.state == SlotState.IDLE and not owner.busy \
             and not owner.waiters and pool.catalog.find(owner.model_id) is None:
         with contextlib.suppress(KeyError):
-            del pool.owners[model_id]
-            del pool.slots[model_id]
-        pool.events.emit("model_removed", model=model_id)
+            del pool.owners[key]
+            del pool.slots[key]
+        pool.events.emit("model_removed", model=key)

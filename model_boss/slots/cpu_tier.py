@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ..slot_key import SlotKey
 from .slot import SlotState
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 class CpuTier:
     """The RAM budget for offloaded pipelines, over the pool's slot owners."""
 
-    def __init__(self, settings: Settings, owners: Mapping[str, SlotOperator]) -> None:
+    def __init__(self, settings: Settings, owners: Mapping[SlotKey, SlotOperator]) -> None:
         self.settings = settings
         self.owners = owners
 

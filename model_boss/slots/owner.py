@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends.base import InferenceBackend, exit_story
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelBusy
 from ..gpu.lease import Lease
+from ..slot_key import SlotKey
 from .loading import SlotLoad
 from .progress import LoadProgress
 from .slot import WITH_WORKER, ModelSlot, SlotState
@@ -56,7 +57,8 @@ class SlotOwner:
         return self.slot.model_id
 
     @property
-    def key(self) -> str:
+    def key(self) -> SlotKey:
+        """Its copy's key (the model's id for the first copy, ``id#n`` for replica n)."""
         return self.slot.key
 
     @property

@@ -1,4 +1,4 @@
-"""ModelPool: slot owners by model id, room-making for loads, the keep-alive reaper."""
+"""ModelPool: an owner per copy of a model (by slot key), room-making, the keep-alive reaper."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ..scheduling.learned import LearnedStats
 from ..scheduling.planner import Demand, Evict, Fit, Plan, Snapshot, Wait
 from ..scheduling.rates import RequestRates
 from ..settings import Settings
+from ..slot_key import SlotKey, slot_key
 from .cpu_tier import CpuTier
 from .owner import SlotOwner
 from .reclaim import driver_free, held_vram, wait_reclaimed
@@ -51,9 +52,10 @@ def default_backend_factory(entry: CatalogEntry, settings: Settings) -> Inferenc
 
 
 class ModelPool(Replicas):
-    """Slots by model id, each driven by its :class:`SlotOwner`; makes room for loads by
-    asking the pure planner and carrying out its plan. Holds no lock across I/O: the lease
-    store is the arbiter of VRAM, and each owner serialises its own slot's operations."""
+    """Slots by slot key (a model's first copy is keyed by its id), each driven by its
+    :class:`SlotOwner`; makes room for loads by asking the pure planner and carrying out its
+    plan. Holds no lock across I/O: the lease store is the arbiter of VRAM, and each owner
+    serialises its own slot's operations."""
 
     def __init__(self, catalog: Catalog, boss: GPUBoss, settings: Settings, events: EventBus,
                  backend_factory: BackendFactory = default_backend_factory) -> None:
@@ -62,9 +64,9 @@ class ModelPool(Replicas):
         self.settings = settings
         self.events = events
         self.backend_factory = backend_factory
-        self.slots: dict[str, ModelSlot] = {}
+        self.slots: dict[SlotKey, ModelSlot] = {}
         self.kept_warm: dict[str, float] = {}  # a preload entry's own keep-alive, by model
-        self.owners: dict[str, SlotOwner] = {}
+        self.owners: dict[SlotKey, SlotOwner] = {}
         self.cpu_tier = CpuTier(settings, self.owners)
         self.learned = LearnedStats(settings.state_path / "learned.json")
         self.templates = WorkerTemplates(settings)
@@ -73,7 +75,7 @@ class ModelPool(Replicas):
                                         settings.prompt_cache_min_tokens,
                                         settings.prompt_cache_save_s)
         self._tasks: set[asyncio.Task] = set()
-        self._claims: dict[str, dict[int, int]] = {}  # evicted for by a load, not leased yet
+        self._claims: dict[SlotKey, dict[int, int]] = {}  # evicted for by a load, not leased
         self.on_change: Callable[[], None] = lambda: None
         self.wanted: Callable[[], tuple[str, ...]] = tuple  # the waiters' models, in order
         self.rates = RequestRates(settings.request_rate_horizon_s)
@@ -81,15 +83,16 @@ class ModelPool(Replicas):
     # -- slots ----------------------------------------------------------------------------
 
     def owner(self, model_id: str) -> SlotOwner:
+        """The owner of ``model_id``'s first copy (made on first use)."""
         model_id = self.catalog.base_of(model_id)  # an adapter is served on its base's slot
-        owner = self.owners.get(model_id)
+        owner = self.owners.get(slot_key(model_id))
         if owner is None:
             entry = self.catalog.get(model_id)
             slot = ModelSlot(entry=entry, events=self.events, pinned=entry.manifest.pin)
             slot.stay_warm_s = self.stay_warm_for(entry)
             owner = SlotOwner(slot, self)
-            self.slots[model_id] = slot
-            self.owners[model_id] = owner
+            self.slots[slot.key] = slot
+            self.owners[slot.key] = owner
         return owner
 
     def slot(self, model_id: str) -> ModelSlot:
@@ -133,27 +136,28 @@ class ModelPool(Replicas):
         per_layer, fixed = layer_costs_mb(info, manifest.ctx_size)
         return LayerCosts(per_layer, fixed, info.block_count, manifest.min_gpu_layers)
 
-    def is_loading(self, model_id: str) -> bool:
-        owner = self.owners.get(model_id)
+    def is_loading(self, key: SlotKey) -> bool:
+        owner = self.owners.get(key)
         return owner is not None and owner.loading
 
     # -- decisions ------------------------------------------------------------------------
 
     def demand(self, entry: CatalogEntry, priority: int) -> Demand:
+        """What loading ``entry``'s first copy needs (:meth:`replica_demand`: any copy's)."""
         manifest = entry.manifest
-        return Demand(manifest.id, self.estimate(entry).mb, priority,
+        return Demand(slot_key(manifest.id), self.estimate(entry).mb, priority,
                       allow_split=manifest.backend in (BackendKind.LLAMA_SERVER,
                                                        BackendKind.DIFFUSERS),
                       layers=self.layer_costs(entry),
                       needs_vram=manifest.backend != BackendKind.CLOUD)
 
-    async def snapshot(self, for_model: str | None = None) -> Snapshot:
+    async def snapshot(self, for_key: SlotKey | None = None) -> Snapshot:
         """One read of the lease store plus the slots as they are now. VRAM other loads have
-        evicted for (their claims) is not free for ``for_model``."""
+        evicted for (their claims) is not free for the copy ``for_key``."""
         usage = await self.boss.usage()
         free = {u.index: u.free_mb for u in usage}
-        for model, claim in self._claims.items():
-            if model != for_model:
+        for key, claim in self._claims.items():
+            if key != for_key:
                 for gpu, mb in claim.items():
                     free[gpu] = max(0, free.get(gpu, 0) - mb)
         now = time.time()
@@ -174,10 +178,12 @@ class ModelPool(Replicas):
             return slot.last_onload_s or ONLOAD_GUESS_S
         return self.learned.predicted_load_s(slot.model_id, self.footprint_mb(slot))
 
-    async def plan(self, model_id: str, priority: int) -> Plan:
-        """The planner's answer for loading ``model_id`` (a slot's key: a replica's too) for a
-        request of ``priority`` now."""
-        owner = self.owners.get(model_id) or self.owner(model_id)
+    async def plan(self, key: SlotKey, priority: int) -> Plan:
+        """The planner's answer for loading the copy ``key`` (a model's first copy is keyed
+        by its id) for a request of ``priority`` now."""
+        # a copy past the first has its slot before it is planned: one not made yet is a
+        # model's first, whose key is the model's id
+        owner = self.owners.get(key) or self.owner(key)
         self.catalog.get_available(owner.model_id)
         return planner.plan(self.replica_demand(owner, priority),
                             await self.snapshot(owner.key))
@@ -221,21 +227,22 @@ class ModelPool(Replicas):
         finally:
             self._claims.pop(owner.key, None)
 
-    async def _acquire(self, placement: Placement, priority: int, model_id: str) -> Lease:
-        """Take the lease; a load cancelled while the store answers gives the lease back
-        once it arrives, so a cancelled load never leaves one behind."""
+    async def _acquire(self, placement: Placement, priority: int, key: SlotKey) -> Lease:
+        """Take the lease (its note: the copy's key); a load cancelled while the store
+        answers gives the lease back once it arrives, so a cancelled load never leaves one
+        behind."""
         taking = asyncio.ensure_future(self.boss.acquire(
             kind="inference", allocations=placement.allocations, priority=priority,
-            note=model_id))
+            note=key))
         try:
             return await asyncio.shield(taking)
         except asyncio.CancelledError:
-            taking.add_done_callback(lambda t: self._give_back(t, model_id))
+            taking.add_done_callback(lambda t: self._give_back(t, key))
             raise
 
-    def _give_back(self, taking: asyncio.Future, model_id: str) -> None:
+    def _give_back(self, taking: asyncio.Future, key: SlotKey) -> None:
         if not taking.cancelled() and taking.exception() is None:
-            self.spawn(self.release_lease(taking.result(), model_id))
+            self.spawn(self.release_lease(taking.result(), key))
 
     # -- asking the owners ----------------------------------------------------------------
 
@@ -250,7 +257,8 @@ class ModelPool(Replicas):
 
     async def unload(self, model_id: str, reason: str = "unload requested",
                      wait_s: float = 0.0) -> bool:
-        owner = self.owners.get(model_id)
+        """Unload ``model_id``'s first copy (False: it has no slot)."""
+        owner = self.owners.get(slot_key(model_id))
         if owner is None:
             return False
         return await owner.unload(reason, wait_s=wait_s, wait_for_op=True)
@@ -270,7 +278,7 @@ class ModelPool(Replicas):
             owner.lease_lost(lease, reason)
         self.on_change()
 
-    async def reap_expired(self) -> list[str]:
+    async def reap_expired(self) -> list[SlotKey]:
         stopped = []
         for owner in list(self.owners.values()):
             if owner.slot.evictable_state and owner.slot.expired(time.time()):

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..scheduling.planner import Demand
-from ..slot_key import model_of
+from ..slot_key import SlotKey, model_of, slot_key
 from .owner import SlotOwner
 from .slot import ModelSlot, SlotState
 
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 class Replicas:
     """The replica half of :class:`~.pool.ModelPool` (its slots, owners and claims)."""
 
-    owners: dict[str, SlotOwner]
-    slots: dict[str, ModelSlot]
+    owners: dict[SlotKey, SlotOwner]
+    slots: dict[SlotKey, ModelSlot]
     events: EventBus
-    _claims: dict[str, dict[int, int]]
+    _claims: dict[SlotKey, dict[int, int]]
 
     def owner(self, model_id: str) -> SlotOwner:
         raise NotImplementedError
@@ -33,9 +33,9 @@ class Replicas:
         raise NotImplementedError
 
     def replica_demand(self, owner: SlotOwner, priority: int) -> Demand:
-        """The owner's load demand: a replica stays off the GPUs its siblings hold and never
-        evicts one of them."""
-        demand = self.demand(owner.slot.entry, priority)
+        """The demand of loading the owner's copy: a replica stays off the GPUs its siblings
+        hold and never evicts one of them."""
+        demand = replace(self.demand(owner.slot.entry, priority), key=owner.key)
         siblings = [o for o in self.replicas(owner.model_id) if o is not owner]
         if not siblings:
             return demand
@@ -46,8 +46,9 @@ class Replicas:
 
     def replicas(self, model_id: str) -> list[SlotOwner]:
         """The model's slot owners: the first replica (keyed by its id), then the others."""
-        first = self.owners.get(model_id)
-        more = sorted((o for key, o in self.owners.items() if key != model_id
+        first_key = slot_key(model_id)
+        first = self.owners.get(first_key)
+        more = sorted((o for key, o in self.owners.items() if key != first_key
                        and model_of(key) == model_id and o.model_id == model_id),
                       key=lambda o: o.slot.replica)
         return ([first] if first is not None else []) + more

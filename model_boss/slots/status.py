@@ -14,6 +14,7 @@ from ..gpu.estimate import VramEstimate
 from ..gpu.gguf_info import read_gguf_info
 from ..gpu.processor import ProcessorSplit, processor_split
 from ..scheduling.learned import LearnedStats
+from ..slot_key import SlotKey
 from .owner import SlotOwner
 from .slot import ModelSlot
 
@@ -21,7 +22,7 @@ from .slot import ModelSlot
 class PoolReading(Protocol):
     """What the status reads of the pool (:class:`~.pool.ModelPool`)."""
 
-    owners: Mapping[str, SlotOwner]
+    owners: Mapping[SlotKey, SlotOwner]
     learned: LearnedStats
     prompt_cache: Any
     boss: Any

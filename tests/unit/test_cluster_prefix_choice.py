@@ -17,6 +17,7 @@ from model_boss.scheduling.replicas.choice import Route
 from model_boss.scheduling.replicas.prefixes import PrefixIndex
 from model_boss.scheduling.replicas.router import ReplicaRouter
 from model_boss.scheduling.states import SlotState
+from model_boss.slot_key import slot_key
 
 P = (11, 22, 33, 44)  # a request's chained block hashes: 44 stands for all four blocks
 
@@ -141,8 +142,7 @@ def publisher(slots: list, index: PrefixIndex) -> Membership:
 
 
 def pool_slot(model: str, replica: int = 1, state: str = "ready"):
-    return SimpleNamespace(model_id=model, key=model if replica == 1 else f"{model}#{replica}",
-                           state=state)
+    return SimpleNamespace(model_id=model, key=slot_key(model, replica), state=state)
 
 
 def test_a_member_publishes_its_replicas_blocks_under_the_model():

@@ -7,6 +7,7 @@ import pytest
 from model_boss.gpu.placement import LayerCosts
 from model_boss.scheduling.eviction import SlotView
 from model_boss.scheduling.planner import Demand, Evict, Fit, Never, Snapshot, Wait, plan
+from model_boss.slot_key import slot_key
 
 NOW = 1000.0
 CEILING = {0: 3584}  # one 4096 MB GPU minus a 512 MB margin
@@ -117,3 +118,36 @@ def test_wait_drains_only_models_that_will_be_victims():
              view("idle-vip", priority=0)]
     decision = plan(demand(2000, priority=5), snap({0: 0}, slots))
     assert isinstance(decision, Wait) and decision.blocking == ("busy-peer",)
+
+
+# two copies of one model: "m" (its first) and "m#2". A decision names the copy it means;
+# one copy standing in for the other (or the model for a copy) picks the wrong slot to stop
+M, M2 = slot_key("m"), slot_key("m", 2)
+
+
+@pytest.mark.parametrize("case, loads, siblings, need, slots, expected, named", [
+    ("a third model evicts the idle second copy, not the busy first", "new", (), 2000,
+     [view(M, active=1, mb=1000), view(M2, mb=1000)], Evict, ("m#2",)),
+    ("a third model evicts the idle first copy, not the busy second", "new", (), 2000,
+     [view(M, mb=1000), view(M2, active=1, mb=1000)], Evict, ("m",)),
+    ("of two idle copies, the least recently used goes", "new", (), 2000,
+     [view(M, mb=1000, last_used=9), view(M2, mb=1000, last_used=1)], Evict, ("m#2",)),
+    ("room for both: each copy named once, by its own key", "new", (), 3000,
+     [view(M, mb=1000, last_used=5), view(M2, mb=1000, last_used=1)], Evict, ("m#2", "m")),
+    ("the busy second copy blocks, the important idle first does not", "new", (), 2000,
+     [view(M, priority=0, mb=1000), view(M2, active=1, mb=1000)], Wait, ("m#2",)),
+    ("loading the second copy never evicts the first, though it was used least", M2, (M,),
+     2000, [view(M, mb=1000, last_used=0), view(M2, state="loading", mb=0),
+            view("other", mb=1000, last_used=9)], Evict, ("other",)),
+    ("reloading the first copy never evicts the second", M, (M2,), 2000,
+     [view(M, state="loading", mb=0), view(M2, mb=1000, last_used=0),
+      view("other", mb=1000, last_used=9)], Evict, ("other",)),
+    ("a copy is never its own victim", M2, (), 2000, [view(M2, mb=1000)], Wait, ()),
+])
+def test_a_decision_names_the_copy_not_its_model(case, loads, siblings, need, slots,
+                                                 expected, named):
+    wanted = Demand(slot_key(loads), need, 5, siblings=frozenset(siblings))
+    decision = plan(wanted, snap({0: 1584}, slots))
+    assert type(decision) is expected, case
+    assert (decision.victims if isinstance(decision, Evict) else decision.blocking) == named, \
+        case

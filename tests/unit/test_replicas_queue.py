@@ -1,13 +1,17 @@
-"""Replicas through the real queue and pool, on in-process workers: a second copy starts on
-the other GPU while requests wait and every copy is full, never on a GPU its sibling holds;
-requests spread over the copies; the metrics count a model once over its copies; an idle copy
-goes by its keep-alive and leaves no slot behind."""
+"""Replicas through the real queue and pool, on in-process workers: each copy plans its own
+load; a second copy starts on the other GPU while requests wait and every copy is full, never
+on a GPU its sibling holds; requests spread over the copies; the metrics count a model once
+over its copies; an idle copy goes by its keep-alive and leaves no slot behind."""
 
 from __future__ import annotations
 
 import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from model_boss.scheduling.planner import Fit
+from model_boss.slot_key import slot_key
+from model_boss.slots import SlotState
 
 from .fakes import coordinator, manifest, started_client
 
@@ -56,6 +60,26 @@ async def test_a_second_copy_starts_on_the_other_gpu_while_requests_wait(tmp_pat
     gateway = {s.labels["model_name"] for f in text_string_to_metric_families(metrics)
                for s in f.samples if s.name == "vllm:num_requests_running"}
     assert gateway == {"m"}
+
+
+async def test_each_copy_plans_the_load_of_that_copy(tmp_path):
+    coord, _ = coordinator(tmp_path, [manifest("m", 1000, replicas=2)], vram_margin_mb=0,
+                           gpus=[{"index": 0, "name": "sim", "vram_mb": 4000},
+                                 {"index": 1, "name": "sim", "vram_mb": 2000}])
+    first = coord.pool.owner("m")
+    first.slot.transition(SlotState.LOADING)  # taken: the next copy asked for is a new one
+    first.slot.lease = await coord.boss.acquire(kind="inference", allocations={0: 1000},
+                                                note="m")
+    second = coord.pool.add_replica("m")
+    assert (first.key, second.key) == (slot_key("m"), slot_key("m", 2)) == ("m", "m#2")
+    for owner, sibling in ((first, "m#2"), (second, "m")):
+        demand = coord.pool.replica_demand(owner, 5)
+        assert (demand.key, demand.model_id, demand.siblings) == (owner.key, "m", {sibling})
+    # each copy's plan is its own: the first's may take the roomier GPU 0, the second's
+    # keeps off its sibling's GPU
+    plans = [await coord.pool.plan(owner.key, 5) for owner in (first, second)]
+    assert [p.placement.allocations for p in plans if isinstance(p, Fit)] == [{0: 1000},
+                                                                              {1: 1000}]
 
 
 async def test_one_gpu_never_holds_two_copies_of_a_model(tmp_path):

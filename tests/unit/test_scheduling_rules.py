@@ -44,7 +44,7 @@ def view(model_id, *, state="ready", pinned=False, active=0, last_used=0.0, prio
     ([view("forever", unload_at=None, priority=5)], 5, ["forever"]),
 ])
 def test_evict_candidates(slots, incoming, expected):
-    assert [s.model_id for s in evict_candidates(slots, incoming, NOW)] == expected
+    assert [s.key for s in evict_candidates(slots, incoming, NOW)] == expected
 
 
 @pytest.mark.parametrize("need, free, candidates, split, expected", [
@@ -58,7 +58,7 @@ def test_evict_candidates(slots, incoming, expected):
 ])
 def test_victims_for(need, free, candidates, split, expected):
     chosen = victims_for(need, free, candidates, allow_split=split)
-    assert (None if chosen is None else [v.model_id for v in chosen]) == expected
+    assert (None if chosen is None else [v.key for v in chosen]) == expected
 
 
 @pytest.mark.parametrize("need, free, kind, allocations", [
@@ -317,7 +317,7 @@ def costed(model_id, *, reload_s=0.0, rate=0.0, mb=1000, priority=5, last_used=0
      ["batch", "mine"]),
 ])
 def test_look_ahead_and_cost_order(case, slots, wanted, expected):
-    assert [s.model_id for s in evict_candidates(slots, 5, NOW, wanted)] == expected, case
+    assert [s.key for s in evict_candidates(slots, 5, NOW, wanted)] == expected, case
 
 
 @pytest.mark.parametrize("case, need, free, candidates, expected", [
@@ -328,7 +328,7 @@ def test_look_ahead_and_cost_order(case, slots, wanted, expected):
      [view("a", gpu_mb={0: 500}), view("b", gpu_mb={0: 500})], ["a", "b"]),
 ])
 def test_victims_are_pruned(case, need, free, candidates, expected):
-    assert [v.model_id for v in victims_for(need, free, candidates)] == expected, case
+    assert [v.key for v in victims_for(need, free, candidates)] == expected, case
 
 
 # --- a request's priority: its own, its client's, its task's, its model's, the default -----

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...scheduling.request_log import RequestLog
+from ...scheduling.request_log import RequestLog, RowExtras
 
 Row = dict[str, Any]
 
@@ -25,7 +25,7 @@ class RequestRing(RequestLog):
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,
               load_s: float | None = None, tokens: int | None = None,
-              extra: dict | None = None) -> None:
+              extra: RowExtras | None = None) -> None:
         super().write(model=model, priority=priority, duration=duration, size_mb=size_mb,
                       client_id=client_id, ok=ok, submitted_at=submitted_at, load_s=load_s)
         extra = extra or {}

@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...slot_key import slot_key
+
 if TYPE_CHECKING:
     from ...gpu import GPUBoss
     from ...scheduling.queue import InferenceQueue
@@ -103,7 +105,7 @@ class History:
                 return
 
     def _gpu(self, model: str | None) -> int | None:
-        slot = self.pool.slots.get(model) if model else None
+        slot = self.pool.slots.get(slot_key(model)) if model else None  # its first copy
         lease = getattr(slot, "lease", None)
         if lease is not None and lease.allocations:
             self._gpu_of[model] = min(lease.allocations)  # type: ignore[index]
@@ -142,8 +144,8 @@ class History:
             requests={m: round(n / self.step_s, 4) for m, n in counts.requests.items()},
             tokens={m: round(n / self.step_s, 4) for m, n in counts.tokens.items()},
             cpu_tier_mb=self.pool.offloaded_mb())
-        for model in self.pool.slots:
-            step.requests.setdefault(model, 0.0)
+        for key in self.pool.slots:
+            step.requests.setdefault(key, 0.0)
         self.steps.append(step)
         return step
 

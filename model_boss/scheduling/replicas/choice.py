@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ...slot_key import SlotKey
 from ..states import SlotState
 
 T = TypeVar("T")
@@ -38,7 +39,7 @@ def prefix_holder(candidates: Sequence[tuple[T, int, int]], slack: int) -> tuple
 class ReplicaView:
     """One replica of a model as routing reads it."""
 
-    key: str
+    key: SlotKey
     state: str
     active: int
     limit: int  # requests it runs at once
@@ -59,13 +60,13 @@ class ReplicaView:
 class Route:
     """Where the request goes (``key``), or None: it waits; and why."""
 
-    key: str | None
+    key: SlotKey | None
     reason: str
     cached_blocks: int = 0
-    waits_for: str | None = None  # the replica it waits for (its session's or prefix's)
+    waits_for: SlotKey | None = None  # the replica it waits for (its session's or prefix's)
 
 
-def route(replicas: list[ReplicaView], *, session_replica: str | None = None,
+def route(replicas: list[ReplicaView], *, session_replica: SlotKey | None = None,
           slack: int = 2, policy: str = "cache") -> Route:
     """The replica for one request. ``policy``: "cache" (session, prefix, then load),
     "least_loaded", or "round_robin" (the replica routed to longest ago)."""

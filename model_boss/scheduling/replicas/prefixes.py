@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from ...slot_key import SlotKey
+
 BLOCK_CHARS = 256  # some 64 tokens of English
 CHARS_PER_TOKEN = 4  # what ``cached_prefix_tokens`` divides by (an estimate, not a count)
 
@@ -81,9 +83,9 @@ class PrefixIndex:
 
     def __init__(self, max_blocks: int = 8192) -> None:
         self.max_blocks = max_blocks
-        self._held: dict[str, OrderedDict[int, None]] = {}
+        self._held: dict[SlotKey, OrderedDict[int, None]] = {}
 
-    def record(self, replica: str, blocks: Iterable[int]) -> None:
+    def record(self, replica: SlotKey, blocks: Iterable[int]) -> None:
         held = self._held.setdefault(replica, OrderedDict())
         for block in blocks:
             held[block] = None
@@ -91,7 +93,7 @@ class PrefixIndex:
         while len(held) > self.max_blocks:
             held.popitem(last=False)
 
-    def matched(self, replica: str, blocks: tuple[int, ...]) -> int:
+    def matched(self, replica: SlotKey, blocks: tuple[int, ...]) -> int:
         """How many leading blocks of ``blocks`` ``replica`` was sent (the longest held
         prefix: each hash stands for every block before it)."""
         held = self._held.get(replica)
@@ -102,16 +104,16 @@ class PrefixIndex:
                 return n
         return 0
 
-    def forget(self, replica: str) -> None:
+    def forget(self, replica: SlotKey) -> None:
         """The replica's worker went (stopped, crashed): its cache with it."""
         self._held.pop(replica, None)
 
-    def summary(self, replica: str, limit: int = 512) -> list[int]:
+    def summary(self, replica: SlotKey, limit: int = 512) -> list[int]:
         """The most recently sent hashes (what a cluster member publishes)."""
         held = self._held.get(replica) or {}
         return list(held)[-limit:]
 
-    def sizes(self) -> dict[str, int]:
+    def sizes(self) -> dict[SlotKey, int]:
         return {replica: len(held) for replica, held in self._held.items()}
 
 
@@ -120,12 +122,12 @@ class Sessions:
 
     def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
-        self._where: OrderedDict[str, str] = OrderedDict()
+        self._where: OrderedDict[str, SlotKey] = OrderedDict()
 
-    def get(self, session: str | None) -> str | None:
+    def get(self, session: str | None) -> SlotKey | None:
         return self._where.get(session) if session else None
 
-    def served(self, session: str | None, replica: str) -> None:
+    def served(self, session: str | None, replica: SlotKey) -> None:
         if not session:
             return
         self._where[session] = replica
@@ -133,6 +135,6 @@ class Sessions:
         while len(self._where) > self.limit:
             self._where.popitem(last=False)
 
-    def forget(self, replica: str) -> None:
+    def forget(self, replica: SlotKey) -> None:
         for session in [s for s, r in self._where.items() if r == replica]:
             del self._where[session]

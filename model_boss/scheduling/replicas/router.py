@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ...slot_key import SlotKey
 from ..states import SlotState
 from .choice import ReplicaView, Route, ScaleView, route, scale_up
 from .prefixes import BLOCK_CHARS, CHARS_PER_TOKEN, PrefixIndex, Sessions
@@ -33,9 +34,9 @@ class ReplicaRouter:
         self.index = PrefixIndex()
         self.sessions = Sessions()
         self._routed = 0
-        self._last: dict[str, int] = {}  # replica → its place in the round-robin order
-        self._loaded: dict[str, float | None] = {}  # replica → the load its index is of
-        self._held: dict[str, int] = {}  # replica → requests this pass left waiting for it
+        self._last: dict[SlotKey, int] = {}  # replica → its place in the round-robin order
+        self._loaded: dict[SlotKey, float | None] = {}  # replica → the load its index is of
+        self._held: dict[SlotKey, int] = {}  # replica → requests this pass left waiting for it
 
     def begin_pass(self) -> None:
         """A dispatch pass begins: who waits for which replica is counted afresh."""
