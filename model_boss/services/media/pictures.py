@@ -9,16 +9,12 @@ edits mark what to repaint by transparency (alpha 0); AUTOMATIC1111's by white p
 from __future__ import annotations
 
 import base64
-import binascii
 import io
-import re
 from typing import Any
 
-from ...errors import BadRequest
+from workers import pictures
 
-# data:image/png;base64,... as browsers and A1111 clients send pictures in JSON
-_DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+(?:;[\w=.+-]+)*;base64,", re.ASCII)
-FORMATS = ("PNG", "JPEG", "WEBP")
+from ...errors import BadRequest
 
 
 def _bad(param: str, message: str) -> BadRequest:
@@ -26,32 +22,21 @@ def _bad(param: str, message: str) -> BadRequest:
 
 
 def from_text(value: Any, param: str) -> bytes:
-    """A picture sent as text (base64, or a ``data:`` URL) as its bytes."""
-    if not isinstance(value, str) or not value:
-        raise _bad(param, "must be a picture as base64 (or a data: URL)")
+    """A picture sent as text (base64, or a ``data:`` URL) as its bytes
+    (:func:`workers.pictures.picture_bytes`, the worker's own rule), or a 400 saying why."""
     try:
-        return base64.b64decode(_DATA_URL.sub("", value.strip(), count=1), validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad(param, "is not valid base64") from None
+        return pictures.picture_bytes(value)
+    except pictures.PictureError as exc:
+        raise _bad(param, exc.reason) from None
 
 
 def open_picture(data: bytes, param: str, max_side: int) -> Any:
-    """``data`` decoded as a PNG, JPEG or WebP (a PIL image), or a 400 saying why not."""
-    from PIL import Image, UnidentifiedImageError
-
+    """``data`` decoded whole as a PNG, JPEG or WebP of at most ``max_side`` pixels a side (a
+    PIL image), or a 400 saying why not."""
     try:
-        picture = Image.open(io.BytesIO(data), formats=FORMATS)
-    except (UnidentifiedImageError, OSError, ValueError):
-        raise _bad(param, "is not a picture (send a PNG, JPEG or WebP)") from None
-    width, height = picture.size
-    if width > max_side or height > max_side:
-        raise _bad(param, f"is {width}x{height}; this server takes pictures up to "
-                          f"{max_side} pixels a side (max_image_side)")
-    try:
-        picture.load()
-    except (OSError, ValueError, Image.DecompressionBombError):
-        raise _bad(param, "is not a whole picture (it could not be decoded)") from None
-    return picture
+        return pictures.open_picture(data, max_side)
+    except pictures.PictureError as exc:
+        raise _bad(param, exc.reason) from None
 
 
 def mask_from_alpha(mask: Any, size: tuple[int, int], param: str = "mask") -> Any:
