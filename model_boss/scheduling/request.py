@@ -241,16 +241,16 @@ class Arrivals:
         return leave
 
 
-def yielders(blocking: Collection[str], priority: int,
-             running: Iterable[tuple[str, int, str]]) -> list[str]:
+def yielders(blocking: Collection[SlotKey], priority: int,
+             running: Iterable[tuple[SlotKey, int, str]]) -> list[str]:
     """The running work that gives its slot back for a waiting request of ``priority`` whose
-    model waits on ``blocking`` (the planner's busy models it would evict once idle): of
-    ``running`` (model, priority, request id: only work that can yield, a video job), what
-    runs on a blocking model and is less important than the waiter (numerically greater).
+    model waits on ``blocking`` (the planner's busy copies it would evict once idle): of
+    ``running`` (copy, priority, request id: only work that can yield, a video job), what
+    runs on a blocking copy and is less important than the waiter (numerically greater).
     Pure; the caller asks each to yield once."""
     blocked = set(blocking)
-    return [request_id for model_id, running_priority, request_id in running
-            if model_id in blocked and running_priority > priority]
+    return [request_id for key, running_priority, request_id in running
+            if key in blocked and running_priority > priority]
 
 
 def ask_to_yield(blocking: Collection[SlotKey], priority: int,
@@ -258,7 +258,7 @@ def ask_to_yield(blocking: Collection[SlotKey], priority: int,
                  yieldable: dict[str, Callable[[], None]]) -> list[str]:
     """Ask the work :func:`yielders` names to yield (each once: its ask leaves
     ``yieldable``); ``running`` gives a copy's running tickets. The ids asked."""
-    candidates = [(ticket.slot.model_id, ticket.request.priority, ticket.request.request_id)
+    candidates = [(ticket.slot.key, ticket.request.priority, ticket.request.request_id)
                   for key in blocking for ticket in running(key)
                   if ticket.request.request_id in yieldable]
     asked = yielders(blocking, priority, candidates)

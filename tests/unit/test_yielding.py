@@ -12,8 +12,9 @@ from model_boss.jobs.job import JobStatus
 from model_boss.jobs.manager import JobManager
 from model_boss.jobs.stores import EmbeddedJobStore
 from model_boss.scheduling.request import ask_to_yield, yielders
+from model_boss.slot_key import model_of
 
-# (blocking models, waiter's priority, running (model, priority, id)) -> ids that yield
+# (blocking copies, waiter's priority, running (copy, priority, id)) -> ids that yield
 TABLE = [
     ((), 1, [("wan", 9, "a")], []),  # the planner waits on nothing: nothing yields
     (("wan",), 1, [("wan", 9, "a")], ["a"]),  # less important work on a blocking model
@@ -21,6 +22,7 @@ TABLE = [
     (("wan",), 5, [("wan", 2, "a")], []),  # more important: it runs on
     (("wan",), 1, [("ltx", 9, "b")], []),  # on a model the waiter does not wait for
     (("wan", "ltx"), 3, [("wan", 9, "a"), ("ltx", 4, "b"), ("ltx", 2, "c")], ["a", "b"]),
+    (("wan#2",), 1, [("wan#2", 9, "a"), ("wan", 9, "b")], ["a"]),  # only the blocking copy
 ]
 
 
@@ -29,8 +31,8 @@ def test_who_yields(blocking, priority, running, expected):
     assert yielders(blocking, priority, running) == expected
 
 
-def ticket(model: str, priority: int, request_id: str) -> SimpleNamespace:
-    return SimpleNamespace(slot=SimpleNamespace(model_id=model),
+def ticket(key: str, priority: int, request_id: str) -> SimpleNamespace:
+    return SimpleNamespace(slot=SimpleNamespace(key=key, model_id=model_of(key)),
                            request=SimpleNamespace(priority=priority, request_id=request_id))
 
 
@@ -41,6 +43,15 @@ def test_the_queue_asks_each_run_once_and_only_work_that_can_yield():
     assert ask_to_yield(("wan",), 1, lambda m: running.get(m, []), yieldable) == ["video"]
     assert ask_to_yield(("wan",), 1, lambda m: running.get(m, []), yieldable) == []
     assert asked == ["video"] and yieldable == {}  # the chat (not yieldable) was never asked
+
+
+def test_work_on_a_second_copy_yields_when_that_copy_blocks():
+    asked: list[str] = []
+    running = {"wan": [ticket("wan", 9, "first")], "wan#2": [ticket("wan#2", 9, "second")]}
+    yieldable = {"first": lambda: asked.append("first"),
+                 "second": lambda: asked.append("second")}
+    assert ask_to_yield(("wan#2",), 1, lambda k: running.get(k, []), yieldable) == ["second"]
+    assert asked == ["second"] and list(yieldable) == ["first"]  # the first copy runs on
 
 
 async def test_a_requeued_job_runs_again_and_is_not_cancelled():
