@@ -8,23 +8,23 @@ the model it waits on): the load's stages arrive as comment lines
 proxies keep the connection open (SSE clients skip comments), then the answer's own chunks.
 A failure after that start is an SSE error event then ``[DONE]``, as any failure mid-stream.
 A client that goes away cancels its request; its model's owner decides whether the load
-goes on (another waiter wants it) or is cancelled.
+goes on (another waiter wants it) or is cancelled. This is what an OpenAI stream says; its
+life (the request cancelled and its slot given back on any exit) is :mod:`.stream_life`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .cancel import Departure
 from .extensions import Extensions
-from .served import MODEL_HEADER, Dialect, Served, openai_stream_end
-from .serving import discard, serve
+from .served import MODEL_HEADER, Chunks, Dialect, Served, StreamEnd, openai_stream_end
+from .serving import serve
+from .stream_life import Work, open_early
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
@@ -40,48 +40,65 @@ async def serve_streaming(coord: Coordinator, endpoint: str, body: dict[str, Any
         return await serve(coord, endpoint, body, ext, disconnected=disconnected,
                            dialect=dialect)
     ext.request_id = ext.request_id or "req-" + uuid.uuid4().hex[:16]
-    rid = ext.request_id
-    feed = coord.events.subscribe()
-    work = asyncio.ensure_future(serve(coord, endpoint, body, ext, disconnected=disconnected,
-                                       dialect=dialect))
-    after_s = coord.settings.load_comments_after_s  # a shorter load is as if none
-    seen: tuple[str, float] | None = None  # the model it waits on a load of, since when
-    try:
+    voice = OpenAIVoice(coord, ext.request_id,
+                        dialect.stream_end if dialect else openai_stream_end)
+    return await open_early(coord, serve(coord, endpoint, body, ext, disconnected=disconnected,
+                                         dialect=dialect), voice)
+
+
+class OpenAIVoice:
+    """An OpenAI stream's :class:`~.stream_life.Voice`: it opens once a load has kept the
+    request waiting ``load_comments_after_s``, says the load's stages (then its place in
+    line) as SSE comments on news or every :data:`KEEPALIVE_S`, passes the answer as it
+    comes, and ends a failure with ``end`` (the route's error event then ``[DONE]``)."""
+
+    def __init__(self, coord: Coordinator, request_id: str, end: StreamEnd) -> None:
+        self.coord = coord
+        self.request_id = request_id
+        self.end = end
+        self.feed = coord.events.subscribe()  # load progress: news to pass on at once
+        self.first = b""
+
+    async def until_open(self, work: Work) -> dict[str, str] | None:
+        after_s = self.coord.settings.load_comments_after_s  # a shorter load is as if none
+        seen: tuple[str, float] | None = None  # the model it waits on a load of, since when
         while True:
-            model, line = loading_line(coord, rid)
+            model, line = loading_line(self.coord, self.request_id)
             if model is None:
                 seen = None
             elif seen is None or seen[0] != model:
                 seen = (model, time.monotonic())
             if seen is not None and time.monotonic() - seen[1] >= after_s:
-                break
-            await _next_news(work, feed, after_s if seen else KEEPALIVE_S)
+                assert model is not None and line is not None
+                self.first = line
+                return {MODEL_HEADER: model}
+            await _next_news(work, self.feed, after_s if seen else KEEPALIVE_S)
             if work.done():
-                coord.events.unsubscribe(feed)
-                return work.result()
-    except BaseException:
-        coord.events.unsubscribe(feed)
-        await _cancel(work)
-        raise
-    assert line is not None and model is not None
-    started: list[bool] = []
-    chunks = _comments_then(coord, work, feed, rid, line, started,
-                            dialect.stream_end if dialect else openai_stream_end)
-    # a stream dropped before its first chunk (the client went as the answer began) runs no
-    # clean-up of its own: then the request is cancelled when the stream is collected
-    weakref.finalize(chunks, _never_streamed, coord, work, feed, started).atexit = False
-    return Served(200, {MODEL_HEADER: model}, "text/event-stream", chunks=chunks)
+                return None
 
+    def opening(self) -> Sequence[bytes]:
+        return (self.first,)
 
-def _never_streamed(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queue,
-                    started: list[bool]) -> None:
-    if started:
-        return
-    coord.events.unsubscribe(feed)
-    if not work.done():
-        work.cancel()  # leaves the queue; an answer not yet begun is never asked for
-    elif not work.cancelled() and work.exception() is None and work.result().chunks:
-        coord.pool.spawn(discard(work.result().chunks))
+    async def beat(self, work: Work) -> Sequence[bytes]:
+        event = await _next_news(work, self.feed)
+        if event is None or event["type"] == "load_progress":  # a tick, or news
+            line = loading_line(self.coord, self.request_id)[1] \
+                or _waiting_line(self.coord, self.request_id)
+            if line is not None:
+                return (line,)
+        return ()
+
+    def failed(self, exc: Exception) -> bytes:
+        return self.end(exc)
+
+    def whole(self, body: bytes) -> Sequence[bytes]:
+        return (body,)
+
+    def answer(self, chunks: Chunks) -> Chunks:
+        return chunks
+
+    def close(self) -> None:
+        self.coord.events.unsubscribe(self.feed)
 
 
 def loading_line(coord: Coordinator, request_id: str) -> tuple[str | None, bytes | None]:
@@ -106,41 +123,6 @@ def _waiting_line(coord: Coordinator, request_id: str) -> bytes | None:
     return None
 
 
-async def _comments_then(coord: Coordinator, work: asyncio.Future, feed: asyncio.Queue,
-                         rid: str, first: bytes, started: list[bool],
-                         end: Callable[[Exception], bytes]) -> AsyncIterator[bytes]:
-    started.append(True)
-    served: Served | None = None
-    try:
-        yield first
-        while not work.done():
-            event = await _next_news(work, feed)
-            if work.done():
-                break
-            if event is None or event["type"] == "load_progress":  # a tick, or news
-                line = loading_line(coord, rid)[1] or _waiting_line(coord, rid)
-                if line is not None:
-                    yield line
-        try:
-            served = work.result()
-        except Exception as exc:
-            yield end(exc)
-            return
-        if served.chunks is None:
-            yield served.body
-            return
-        async for chunk in served.chunks:
-            yield chunk
-    finally:
-        coord.events.unsubscribe(feed)
-        await _cancel(work)
-        if served is None and work.done() and not work.cancelled() \
-                and work.exception() is None:
-            served = work.result()  # answered as the client went: release its slot
-        if served is not None and served.chunks is not None:
-            await discard(served.chunks)
-
-
 async def _next_news(work: asyncio.Future, feed: asyncio.Queue,
                      timeout_s: float = KEEPALIVE_S) -> dict | None:
     """Wait for the work to end, an event, or a tick (None)."""
@@ -151,10 +133,3 @@ async def _next_news(work: asyncio.Future, feed: asyncio.Queue,
     finally:
         news.cancel()
     return news.result() if news in done else None
-
-
-async def _cancel(work: asyncio.Future) -> None:
-    if not work.done():
-        work.cancel()
-        with contextlib.suppress(BaseException):
-            await work

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..backends.registry import BACKENDS
@@ -50,11 +48,10 @@ from .served import (
     Dialect,
     Served,
     WorkerCall,
-    discard,
     openai_stream_end,
-    relay,
     tokens_in,
 )
+from .stream_life import slot_stream
 from .validation import blind, too_many_choices
 
 if TYPE_CHECKING:
@@ -350,27 +347,10 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         return Served(upstream.status, headers,
                       upstream.headers.get("content-type", "application/json"), body=answer)
     chunks = call.chunks(upstream.stream) if call.chunks else upstream.stream
-    relayed = relay(chunks, ticket, manifest.id,
-                    dialect.stream_end if dialect else openai_stream_end)
-    # a stream the server never starts (the client went as the answer began) runs no clean-up
-    # of its own: its slot is given back when it is collected
-    weakref.finalize(relayed, _never_started, coord, chunks, ticket).atexit = False
+    relayed = slot_stream(coord, chunks, ticket, manifest.id,
+                          dialect.stream_end if dialect else openai_stream_end)
     return Served(upstream.status, headers,
                   upstream.headers.get("content-type", "text/event-stream"), chunks=relayed)
-
-
-def _never_started(coord: Coordinator, chunks: AsyncIterator[bytes],
-                   ticket: SlotTicket) -> None:
-    """A relay collected before it ran: close its upstream, then give its slot back."""
-    async def close() -> None:
-        try:
-            await discard(chunks)
-        finally:
-            ticket.release(ok=False, client_fault=True)
-    try:
-        coord.pool.spawn(close())
-    except RuntimeError:  # no running loop (shutting down): the slot goes with it
-        ticket.release(ok=False, client_fault=True)
 
 
 def _client_fault(exc: BaseException) -> bool:

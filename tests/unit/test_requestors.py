@@ -115,7 +115,7 @@ class Ticket:
 
 
 async def test_a_client_that_leaves_a_stream_is_no_failure_of_the_model():
-    from model_boss.services.serving import relay
+    from model_boss.services.served import relay
 
     async def chunks():
         for n in range(10):
@@ -130,7 +130,7 @@ async def test_a_client_that_leaves_a_stream_is_no_failure_of_the_model():
 
 async def test_a_worker_that_breaks_a_stream_is_a_failure_of_the_model():
     from model_boss.errors import WorkerCrashed
-    from model_boss.services.serving import relay
+    from model_boss.services.served import relay
 
     async def chunks():
         yield b"data: 0\n\n"
@@ -143,7 +143,7 @@ async def test_a_worker_that_breaks_a_stream_is_a_failure_of_the_model():
 
 
 async def test_a_stream_whose_close_is_cancelled_still_gives_its_slot_back():
-    from model_boss.services.serving import relay
+    from model_boss.services.served import relay
 
     class Slow:
         """An upstream whose close is slow (a worker that takes its time to hang up)."""

@@ -8,7 +8,8 @@ long prompt on a local model takes minutes to read. What fails before :data:`STA
 (an unknown model, a bad body, a full queue, a prompt too long for a loaded model) keeps its
 own status; a failure after the stream opened is its ``error`` event. The worker's own
 ``message_start`` and pings are dropped (one of each per stream), the usage they carried is
-in ``message_delta`` (:func:`.answers.tell_events`).
+in ``message_delta`` (:func:`.answers.tell_events`). This is what a Messages stream says; its
+life (the request cancelled and its slot given back on any exit) is :mod:`..stream_life`'s.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ...backends.sse import sse_events
 from ..load_wait import loading_line
-from ..served import MODEL_HEADER, Served, discard
+from ..served import MODEL_HEADER, Chunks
+from ..stream_life import Work
 from .answers import event
-from .stream import PING, message_start
+from .stream import PING, error_event, message_start
 
 if TYPE_CHECKING:
     from ...coordinator import Coordinator
@@ -58,76 +59,51 @@ def ping_interval_s() -> float:
     return value
 
 
-async def open_stream(coord: Coordinator, start: Awaitable[Served], model: str,
-                      request_id: str, tell_error: Callable[[BaseException], bytes]) -> Served:
-    """Serve ``start`` (the request's serving) as a stream that opens within
-    :data:`START_GRACE_S`; ``model`` names the model until the answer names its own."""
-    work = asyncio.ensure_future(start)
-    try:
+class MessagesVoice:
+    """A Messages stream's :class:`~..stream_life.Voice`: it opens within
+    :data:`START_GRACE_S` with ``message_start`` and a ping (``model`` names the model until
+    the answer names its own), pings every :func:`ping_interval_s` (after the load's comment
+    while one runs) until the answer and through its silences, and ends a failure with its
+    ``error`` event."""
+
+    def __init__(self, coord: Coordinator, model: str, request_id: str) -> None:
+        self.coord = coord
+        self.model = model
+        self.request_id = request_id
+        self.interval = ping_interval_s()
+
+    async def until_open(self, work: Work) -> dict[str, str]:
         await asyncio.wait({work}, timeout=START_GRACE_S)
-    except BaseException:
-        await _cancel(work)
-        raise
-    headers = {MODEL_HEADER: model}
-    if work.done():
+        if not work.done():
+            return {MODEL_HEADER: self.model}
         served = work.result()  # a quick failure: its own status
-        headers = served.headers
-        model = served.headers.get(MODEL_HEADER, model)
-    began: list[bool] = []
-    chunks = _events(coord, work, model, request_id, began, tell_error)
-    # a stream dropped before its first event (the client went) runs no clean-up of its own
-    weakref.finalize(chunks, _never_streamed, coord, work, began).atexit = False
-    return Served(200, headers, "text/event-stream", chunks=chunks)
+        self.model = served.headers.get(MODEL_HEADER, self.model)
+        return served.headers
+
+    def opening(self) -> Sequence[bytes]:
+        return message_start(self.model), PING
+
+    async def beat(self, work: Work) -> Sequence[bytes]:
+        await asyncio.wait({work}, timeout=self.interval)
+        line = loading_line(self.coord, self.request_id)[1]
+        return (PING,) if line is None else (line, PING)
+
+    def failed(self, exc: Exception) -> bytes:
+        return error_event(exc)
+
+    def whole(self, body: bytes) -> Sequence[bytes]:
+        return message_events(body)
+
+    def answer(self, chunks: Chunks) -> Chunks:
+        return _pinged(sse_events(chunks), self.interval)
+
+    def close(self) -> None:
+        pass
 
 
-async def _events(coord: Coordinator, work: asyncio.Future, model: str, request_id: str,
-                  began: list[bool], tell_error: Callable[[BaseException], bytes],
-                  ) -> AsyncIterator[bytes]:
-    began.append(True)
-    interval = ping_interval_s()
-    served: Served | None = None
-    read = False  # whether the answer's chunks were started
-    try:
-        yield message_start(model)
-        yield PING
-        while not work.done():
-            await asyncio.wait({work}, timeout=interval)
-            if not work.done():
-                line = loading_line(coord, request_id)[1]
-                if line is not None:
-                    yield line
-                yield PING
-        try:
-            served = work.result()
-        except Exception as exc:
-            yield tell_error(exc)
-            return
-        if served.chunks is None:  # a worker that answered whole all the same
-            for one in message_events(served.body):
-                yield one
-            return
-        read = True
-        async for whole in _pinged(sse_events(served.chunks), interval):
-            if whole is None:
-                yield PING
-            elif not whole.startswith(_DROPPED):
-                yield whole
-    finally:
-        await _cancel(work)
-        if served is None and work.done() and not work.cancelled() \
-                and work.exception() is None:
-            served = work.result()  # answered as the client went: give its slot back
-        if served is not None and served.chunks is not None:
-            if read:
-                with contextlib.suppress(Exception):
-                    await served.chunks.aclose()  # type: ignore[attr-defined]
-            else:
-                await discard(served.chunks)
-
-
-async def _pinged(events: AsyncIterator[bytes], interval: float,
-                  ) -> AsyncIterator[bytes | None]:
-    """``events`` as they come, and None each time ``interval`` passes without one."""
+async def _pinged(events: Chunks, interval: float) -> Chunks:
+    """``events`` as they come, but the worker's own ``message_start`` and pings; a ping
+    each time ``interval`` passes without one."""
     pending: asyncio.Future | None = None
     try:
         while True:
@@ -135,14 +111,15 @@ async def _pinged(events: AsyncIterator[bytes], interval: float,
                 pending = asyncio.ensure_future(events.__anext__())
             done, _ = await asyncio.wait({pending}, timeout=interval)
             if not done:
-                yield None
+                yield PING
                 continue
             task, pending = pending, None
             try:
                 item = task.result()
             except StopAsyncIteration:
                 return
-            yield item
+            if not item.startswith(_DROPPED):
+                yield item
     finally:
         if pending is not None:
             pending.cancel()
@@ -201,19 +178,3 @@ def _whole_delta(block: dict[str, Any]) -> dict[str, Any] | None:
         return {"type": "input_json_delta",
                 "partial_json": orjson.dumps(block.get("input") or {}).decode()}
     return None
-
-
-def _never_streamed(coord: Coordinator, work: asyncio.Future, began: list[bool]) -> None:
-    if began:
-        return
-    if not work.done():
-        work.cancel()  # leaves the queue; an answer not yet begun is never asked for
-    elif not work.cancelled() and work.exception() is None and work.result().chunks:
-        coord.pool.spawn(discard(work.result().chunks))
-
-
-async def _cancel(work: asyncio.Future) -> None:
-    if not work.done():
-        work.cancel()
-        with contextlib.suppress(BaseException):
-            await work

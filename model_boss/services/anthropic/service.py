@@ -20,8 +20,9 @@ from ..cancel import Departure
 from ..extensions import Extensions, pop_extensions
 from ..served import Chunks, Served, WorkerCall
 from ..serving import serve
+from ..stream_life import open_early
 from .answers import AnswerFacts, tell_body, tell_events
-from .opening import open_stream
+from .opening import MessagesVoice
 from .schemas import CountTokensRequest, MessagesRequest, is_server_tool
 from .stream import error_event, from_chat_stream, native
 from .system_turns import (
@@ -147,9 +148,9 @@ async def messages(coord: Coordinator, endpoint: str,
     facts = AnswerFacts.of(data)
     if endpoint == MESSAGES and data.get("stream"):
         ext.request_id = ext.request_id or "req-" + uuid.uuid4().hex[:16]
-        return await open_stream(coord, _serve(coord, endpoint, data, ext, disconnected, facts),
-                                 _model_name(coord, data.get("model")), ext.request_id,
-                                 error_event)
+        voice = MessagesVoice(coord, _model_name(coord, data.get("model")), ext.request_id)
+        return await open_early(coord, _serve(coord, endpoint, data, ext, disconnected, facts),
+                                voice)
     return await _serve(coord, endpoint, data, ext, disconnected, facts)
 
 
