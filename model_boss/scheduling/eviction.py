@@ -1,10 +1,10 @@
 """Eviction decisions: which idle slots may go, in which order. Pure functions over views.
 
-Look-ahead and cost: a model that a waiting request needs is the last choice (the one needed
-latest goes first among those), and among the rest the cheapest to lose goes first: its
-reload cost (seconds to bring it back: the CPU tier's onload, else the learned cold load)
-times its recent request rate. Without those figures the order is least important, then least
-recently used.
+Look-ahead and cost: a model that a waiting request needs is the last choice, every copy of it
+(the request may go to any; the one needed latest goes first among those), and among the rest
+the cheapest to lose goes first: its reload cost (seconds to bring it back: the CPU tier's
+onload, else the learned cold load) times its recent request rate. Without those figures the
+order is least important, then least recently used.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..slot_key import SlotKey, slot_key
+from ..slot_key import SlotKey, model_of
 from .states import SlotState
 
 
@@ -45,11 +45,16 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
     ``unload_at`` or last used at a priority not more important than the incoming one
     (numerically >=; the incoming priority is the aged one). Order: models no waiting request
     needs before those in ``wanted`` (the waiting requests' models in serving order; of
-    those, the one needed latest first; of a model's copies, its first is the one held
-    back), then expired first, then least important, then the lowest keep value (reload
-    cost × request rate), then least recently used.
+    those, the one needed latest first; every copy of a wanted model is wanted, since a
+    waiting request may go to any of them, and a copy being loaded never evicts its siblings:
+    the planner leaves them out), then expired first, then least important, then the lowest
+    keep value (reload cost × request rate), then least recently used.
     """
-    position = {slot_key(model): i for i, model in reversed(list(enumerate(wanted)))}
+    position = {model: i for i, model in reversed(list(enumerate(wanted)))}
+
+    def needed(s: SlotView) -> tuple[int, int]:
+        model = model_of(s.key)
+        return (0, 0) if model not in position else (1, -position[model])
 
     def expired(s: SlotView) -> bool:
         return s.unload_at is not None and now >= s.unload_at
@@ -60,8 +65,7 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
         and (expired(s) or s.last_priority >= incoming_priority)
     ]
     return sorted(eligible, key=lambda s: (
-        (0, 0) if s.key not in position else (1, -position[s.key]),
-        not expired(s), -s.last_priority, s.keep_value, s.last_used))
+        needed(s), not expired(s), -s.last_priority, s.keep_value, s.last_used))
 
 
 def victims_for(

@@ -103,6 +103,9 @@ def test_never_says_how_much_can_ever_be_free():
      ("spare",)),
     ("look-ahead yields when no other victim exists", 5, [view("next", mb=1000)], ("next",),
      ("next",)),
+    ("look-ahead spares every copy of the model the next waiter needs", 5,
+     [view(slot_key("next", 2), mb=1000, last_used=1), view("spare", mb=1000, last_used=9)],
+     ("next",), ("spare",)),
 ])
 def test_aged_priority_and_look_ahead(case, aged, slots, wanted, expected):
     snapshot = Snapshot({0: 1584}, CEILING, tuple(slots), NOW, wanted)
@@ -151,3 +154,20 @@ def test_a_decision_names_the_copy_not_its_model(case, loads, siblings, need, sl
     assert type(decision) is expected, case
     assert (decision.victims if isinstance(decision, Evict) else decision.blocking) == named, \
         case
+
+
+@pytest.mark.parametrize("case, loads, siblings, waiting, expected", [
+    ("a third model spares both copies of a model with waiters", "new", (), ("m",),
+     ("spare",)),
+    ("a second copy of a model with waiters evicts another model, never its sibling", M2,
+     (M,), ("m",), ("spare",)),
+    ("... even one the next waiter needs, when it is the only other victim", M2, (M,),
+     ("m", "spare"), ("spare",)),
+])
+def test_look_ahead_over_copies(case, loads, siblings, waiting, expected):
+    slots = [view(M, mb=1000, last_used=0),
+             view(M2, mb=1000, last_used=1) if loads != M2 else view(M2, state="loading", mb=0),
+             view("spare", mb=1000, last_used=9)]
+    snapshot = Snapshot({0: 1584}, CEILING, tuple(slots), NOW, waiting)
+    decision = plan(Demand(slot_key(loads), 2000, 5, siblings=frozenset(siblings)), snapshot)
+    assert isinstance(decision, Evict) and decision.victims == expected, case
