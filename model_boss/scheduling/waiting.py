@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ModelBossError
-from ..slot_key import SlotKey, slot_key
+from ..slot_key import SlotKey, model_of, slot_key
 from .planner import Evict, Wait
 from .queue import InferenceQueue, QueuedRequest
 from .states import SlotState
@@ -69,8 +69,9 @@ async def start_in_s(queue: InferenceQueue, request: QueuedRequest,
     learned rate (:meth:`LearnedStats.predicted_infer_s`: a request's asked length times the
     seconds per unit, else its model's mean request):
 
-    - on its own model: what is left of the requests running there (their expected time
-      less what they have run) and the requests ahead of it there, ``parallel`` at a time;
+    - on its own model: what is left of the requests running on its serving copies (their
+      expected time less what they have run) and the requests ahead of it there, ``parallel``
+      at a time on each of those copies;
     - when its model is not loaded, what is left of its load, and, when it does not fit
       beside the others, the models it waits for (the planner's: the busy ones it must
       evict, drained of the work ahead) and the other models ahead of it that must load and
@@ -80,24 +81,31 @@ async def start_in_s(queue: InferenceQueue, request: QueuedRequest,
     now = time.monotonic()
 
     def drain_s(key: SlotKey) -> float:
-        """How long the copy ``key`` stays busy with what runs there and what is ahead."""
-        learned = pool.learned
-        running = sum(max(0.0, learned.predicted_infer_s(key, t.request.work)
-                          - (now - t.started)) for t in queue.meter.running(key))
-        queued = sum(learned.predicted_infer_s(key, r.work) for r in ahead
-                     if r.model_id == key)
-        slot = pool.slots.get(key)
-        return (running + queued) / max(1, slot.parallel if slot else 1)
+        """How long the copy ``key`` stays busy with what runs there and what is ahead for
+        its model, shared with its model's other serving copies (any of them takes the next
+        of its requests; the learned figures are the model's)."""
+        learned, of = pool.learned, model_of(key)
+        copies = {key, *_serving(pool, of)}
+        running = sum(max(0.0, learned.predicted_infer_s(of, t.request.work)
+                          - (now - t.started)) for c in copies for t in queue.meter.running(c))
+        queued = sum(learned.predicted_infer_s(of, r.work) for r in ahead if r.model_id == of)
+        slots = [pool.slots.get(c) for c in copies]
+        return (running + queued) / max(1, sum(max(1, s.parallel if s else 1) for s in slots))
 
-    slot = pool.slots.get(first)
-    if slot is not None and slot.state == SlotState.READY:
-        return drain_s(first)
+    serving = _serving(pool, model)
+    if serving:
+        return drain_s(serving[0])
     owner = pool.owners.get(first)
     progress = owner.progress if owner is not None else None
     load_s = _load_s(pool, model)
     if progress is not None:  # its load is under way: what the learned time leaves of it
         return max(0.0, load_s - progress.elapsed_s()) + drain_s(first)
     return await _room_s(queue, request, ahead, drain_s) + load_s + drain_s(first)
+
+
+def _serving(pool: Any, model: str) -> list[SlotKey]:
+    """The model's READY copies."""
+    return [o.slot.key for o in pool.replicas(model) if o.slot.state == SlotState.READY]
 
 
 def _load_s(pool: Any, model: str) -> float:
@@ -124,6 +132,7 @@ async def _room_s(queue: InferenceQueue, request: QueuedRequest, ahead: list[Que
                 if slot.state not in (SlotState.IDLE, SlotState.STOPPING)}
     blocking = plan.blocking or tuple(key for key in resident if key != first)
     waited = max((drain_s(key) for key in blocking), default=0.0)
-    # the other models ahead whose first copy is not resident load and run in turn before it
-    before = {r.model_id for r in ahead} - resident - {request.model_id}
+    # the other models ahead with no copy resident load and run in turn before it
+    before = {r.model_id for r in ahead} - {model_of(key) for key in resident} \
+        - {request.model_id}
     return waited + sum(_load_s(pool, name) + drain_s(slot_key(name)) for name in before)

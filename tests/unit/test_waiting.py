@@ -8,11 +8,17 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
 
 from model_boss.backends.base import UpstreamResponse
+from model_boss.scheduling.learned import LearnedStats
+from model_boss.scheduling.planner import Wait
 from model_boss.scheduling.request import asked_work
+from model_boss.scheduling.states import SlotState
+from model_boss.scheduling.waiting import start_in_s
+from model_boss.slot_key import model_of
 
 from .fakes import FakeBackend, coordinator, manifest, started_client
 
@@ -112,3 +118,55 @@ async def test_behind_another_model_on_the_gpu_it_needs_the_estimate_is_within_h
 ])
 def test_a_requests_length_as_asked(endpoint, body, work):
     assert asked_work(endpoint, body) == work
+
+
+def _board(copies: dict[str, str], running: dict[str, list[float]], blocking=()):
+    """A queue over slots ``copies`` (copy key -> state), each running requests of the given
+    lengths (in units of 10 ms) that have just started; every model's rate learned, and its
+    load 0.5 s; a load that does not fit waits for ``blocking``."""
+    learned = LearnedStats()
+    for model in {"m", "n", "x"}:
+        learned.observe_inference(model, 1.0, work=1.0 / S_PER_TOKEN)
+        learned.observe_load(model, 0.5)
+    slots = {key: SimpleNamespace(key=key, state=SlotState(state), parallel=1)
+             for key, state in copies.items()}
+    owners = {key: SimpleNamespace(slot=slot, progress=None) for key, slot in slots.items()}
+    now = time.monotonic()
+
+    async def plan(key, priority):
+        return Wait("no room", blocking=tuple(blocking))
+
+    pool = SimpleNamespace(
+        learned=learned, slots=slots, owners=owners, plan=plan,
+        catalog=SimpleNamespace(find=lambda name: None),
+        replicas=lambda model: [o for k, o in owners.items() if model_of(k) == model])
+    meter = SimpleNamespace(running=lambda key: [
+        SimpleNamespace(request=SimpleNamespace(work=work), started=now)
+        for work in running.get(key, [])])
+    return SimpleNamespace(pool=pool, meter=meter)
+
+
+def waiter(model: str, work: float) -> SimpleNamespace:
+    return SimpleNamespace(model_id=model, work=work, priority=5)
+
+
+# a second copy's work is its model's: timed at the model's rate and, with the requests
+# ahead, shared by the model's serving copies; the loads are 0.5 s, 100 units 1 s
+@pytest.mark.parametrize("case, copies, running, blocking, model, ahead, expected", [
+    ("one copy: what runs there and what is ahead", {"m": "ready"}, {"m": [100]}, (), "m",
+     [("m", 200)], 3.0),
+    ("two copies share the work", {"m": "ready", "m#2": "ready"},
+     {"m": [100], "m#2": [500]}, (), "m", [("m", 200)], 4.0),
+    ("only the second copy serves: the model is loaded", {"m": "idle", "m#2": "ready"},
+     {"m#2": [300]}, (), "m", [], 3.0),
+    ("a busy second copy blocks: its model's rate, then the load", {"x": "idle",
+     "x#2": "ready"}, {"x#2": [200]}, ("x#2",), "n", [], 2.5),
+    ("a model ahead that a second copy serves runs there, it does not load",
+     {"x": "idle", "x#2": "ready"}, {}, (), "n", [("x", 100)], 1.5),
+])
+async def test_a_copys_work_is_its_models(case, copies, running, blocking, model, ahead,
+                                         expected):
+    queue = _board(copies, running, blocking)
+    requests = [waiter(name, work) for name, work in ahead]
+    assert await start_in_s(queue, waiter(model, 10), requests) == pytest.approx(
+        expected, abs=0.05), case
