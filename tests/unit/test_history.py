@@ -77,6 +77,16 @@ async def test_history_after_a_load_an_outside_lease_a_burst_and_an_eviction(api
     assert seen["marks"][0]["t"] <= seen["marks"][1]["t"] <= seen["marks"][2]["t"]
 
 
+async def test_a_second_copy_adds_no_rate_series_of_its_own(api):
+    client, coord = api
+    await ask(client, "a")
+    coord.pool.add_replica("a")  # its second copy's slot, a#2, as scaling out makes it
+    await coord.history.sample()
+    seen = (await client.get("/api/v1/history", headers=ADMIN)).json()
+    assert "a#2" not in seen["models"]  # requests are counted per model
+    assert seen["models"]["a"]["requests_per_s"] == [1 / coord.settings.history_step_s]
+
+
 async def test_idle_unloads_are_evictions_and_asked_ones_unloads(api):
     client, coord = api
     await ask(client, "a")

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...slot_key import slot_key
+from ...slot_key import model_of, slot_key
 
 if TYPE_CHECKING:
     from ...gpu import GPUBoss
@@ -144,8 +144,8 @@ class History:
             requests={m: round(n / self.step_s, 4) for m, n in counts.requests.items()},
             tokens={m: round(n / self.step_s, 4) for m, n in counts.tokens.items()},
             cpu_tier_mb=self.pool.offloaded_mb())
-        for key in self.pool.slots:
-            step.requests.setdefault(key, 0.0)
+        for key in self.pool.slots:  # rates are per model: a copy past the first adds none
+            step.requests.setdefault(model_of(key), 0.0)
         self.steps.append(step)
         return step
 
