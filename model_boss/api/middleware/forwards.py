@@ -12,6 +12,8 @@ from ...coordinator import Coordinator
 from ...services.clustered import FORWARDABLE
 from ..errors import envelope
 
+_FORWARDED = FORWARDED_HEADER.encode()
+
 
 class ForwardTrust:
     def __init__(self, app: ASGIApp, coordinator: Coordinator) -> None:
@@ -19,14 +21,14 @@ class ForwardTrust:
         self.coord = coordinator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = Headers(scope=scope)
-            if FORWARDED_HEADER in headers:  # a forward from a cluster member, or a forgery
-                cluster = self.coord.cluster
-                refusal = forward_refusal(headers, cluster.secret if cluster else None)
-                if refusal is None and scope["path"] not in FORWARDABLE:
-                    refusal = "forwards are taken on inference routes only"  # members send no other
-                if refusal is not None:
-                    await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
-                    return
+        # a forward from a cluster member, or a forgery
+        if scope["type"] == "http" and any(name.lower() == _FORWARDED
+                                           for name, _ in scope["headers"]):
+            cluster = self.coord.cluster
+            refusal = forward_refusal(Headers(scope=scope), cluster.secret if cluster else None)
+            if refusal is None and scope["path"] not in FORWARDABLE:
+                refusal = "forwards are taken on inference routes only"  # members send no other
+            if refusal is not None:
+                await envelope(refusal, 403, code="forward_refused")(scope, receive, send)
+                return
         await self.app(scope, receive, send)
