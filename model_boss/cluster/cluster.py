@@ -20,7 +20,7 @@ from ..jobs import Job, JobStore, Runner
 from ..runtime_config import RuntimeConfig
 from ..scheduling.queue import InferenceQueue
 from ..settings import Settings
-from ..slot_key import slot_key
+from ..slot_key import model_of, slot_key
 from ..slots.pool import ModelPool
 from .choice import Here, There, copy_wanted, scale_out, where_cold, where_warm
 from .forward import Forwarder
@@ -111,10 +111,13 @@ class Cluster:
         return entry.manifest.id if entry is not None else ANY
 
     def _warm_here(self) -> set[str]:
-        return {m for m, slot in self.pool.slots.items() if str(slot.state) == "ready"}
+        """The models with a READY copy here (job streams are named by model)."""
+        return {model_of(key) for key, slot in self.pool.slots.items()
+                if str(slot.state) == "ready"}
 
     def _warm_elsewhere(self) -> set[str]:
-        return {s.model for host, record in self.membership.view.items()
+        """The models with a READY copy on another member."""
+        return {model_of(s.model) for host, record in self.membership.view.items()
                 if host != self.host_id for s in record.slots if s.state == "ready"}
 
     # -- routing ------------------------------------------------------------------------

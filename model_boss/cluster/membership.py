@@ -78,7 +78,7 @@ class Membership:
                 continue
             slots.append(SlotRecord(
                 model=view.key, state=view.state, tier=slot.tier, active=view.active,
-                queued=queued.get(view.key, 0), parallel=slot.parallel,
+                queued=queued.get(slot.model_id, 0), parallel=slot.parallel,
                 pinned=view.pinned, last_used=view.last_used,
                 last_priority=view.last_priority, unload_at=view.unload_at,
                 allocations=dict(view.allocations), reload_s=view.reload_s,

@@ -27,7 +27,7 @@ class SlotRecord:
     state: str
     tier: str
     active: int = 0
-    queued: int = 0
+    queued: int = 0  # the model's requests waiting on this member (the same on each copy)
     parallel: int = 1
     pinned: bool = False
     last_used: float = 0.0

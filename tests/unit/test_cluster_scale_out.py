@@ -13,8 +13,11 @@ import pytest
 from model_boss.cluster import Here, MemberRecord, SlotRecord, There, choose_member
 from model_boss.cluster.choice import copy_wanted, scale_out
 from model_boss.cluster.cluster import Cluster
-from model_boss.scheduling.planner import Demand
+from model_boss.cluster.membership import Membership
+from model_boss.scheduling.eviction import SlotView
+from model_boss.scheduling.planner import Demand, Snapshot
 from model_boss.scheduling.request import Backlog, QueuedRequest
+from model_boss.slot_key import model_of, slot_key
 
 NOW = 1000.0
 WAIT_S = 2.0
@@ -134,6 +137,51 @@ def test_the_backlog_knows_each_models_longest_waiter():
         return {**first, "m after": backlog.first_submitted()["m"]}
 
     assert asyncio.run(run()) == {"m": 7.0, "x": 5.0, "m after": 10.0}
+
+
+def test_a_members_record_counts_its_models_waiters_on_every_copy():
+    async def run() -> dict[str, int]:
+        backlog = Backlog()
+        for at in (10.0, 11.0, 12.0):
+            backlog.add(QueuedRequest("m", 5, submitted_at=at))
+        views = tuple(SlotView(key, "ready", False, 1, 900.0, 5, None, {gpu: 2000})
+                      for gpu, key in enumerate((slot_key("m"), slot_key("m", 2))))
+        membership = Membership.__new__(Membership)  # what record() reads
+        membership.pool = SimpleNamespace(
+            snapshot=lambda: _resolved(Snapshot({0: 0, 1: 0}, {0: 8000, 1: 8000}, views)),
+            slots={v.key: SimpleNamespace(model_id=model_of(v.key), tier="gpu", parallel=1)
+                   for v in views},
+            boss=SimpleNamespace(gpus=[]))
+        membership.queue = SimpleNamespace(backlog=backlog, depth=len(backlog))
+        membership.catalog, membership.host_id, membership.url = [], "a", "http://a"
+        membership.started_at = 0.0
+        membership.prefixes = dict
+        record = await membership.record()
+        return {s.model: s.queued for s in record.slots}
+
+    # the waiters are the model's: either copy may take them, so each says so
+    assert asyncio.run(run()) == {"m": 3, "m#2": 3}
+
+
+async def _resolved(value):
+    return value
+
+
+@pytest.mark.parametrize("case, here, there, warm_here, warm_elsewhere", [
+    ("a ready copy is its model", {"m": "ready"}, ("x",), {"m"}, {"x"}),
+    ("a second copy alone is its model", {"m": "idle", "m#2": "ready"}, ("x#2",), {"m"},
+     {"x"}),
+    ("two copies are one model", {"m": "ready", "m#2": "ready"}, ("x", "x#2"), {"m"}, {"x"}),
+])
+def test_job_streams_are_taken_by_model_not_by_copy(case, here, there, warm_here,
+                                                      warm_elsewhere):
+    cluster = Cluster.__new__(Cluster)
+    cluster.host_id = "a"
+    cluster.pool = SimpleNamespace(slots={k: SimpleNamespace(state=v) for k, v in here.items()})
+    other = member("b", *(slot(key) for key in there))
+    cluster.membership = SimpleNamespace(view={"b": other})
+    assert cluster._warm_here() == warm_here, case
+    assert cluster._warm_elsewhere() == warm_elsewhere, case
 
 
 class Store:
