@@ -54,4 +54,4 @@ async def _retire(pool: ModelPool, key: SlotKey, reason: str, drain_s: float,
         with contextlib.suppress(KeyError):
             del pool.owners[key]
             del pool.slots[key]
-        pool.events.emit("model_removed", model=key)
+        pool.events.emit("model_removed", model=owner.model_id, replica=key)

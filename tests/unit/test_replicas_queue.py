@@ -9,9 +9,11 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from model_boss.catalog import Catalog, CatalogDiff
 from model_boss.scheduling.planner import Fit
 from model_boss.slot_key import slot_key
 from model_boss.slots import SlotState
+from model_boss.slots.changes import take_catalog_change
 
 from .fakes import coordinator, manifest, started_client
 
@@ -121,3 +123,19 @@ async def test_min_copies_start_as_soon_as_the_model_is_wanted(tmp_path):
         await wait_until(lambda: len([s for s in coord.pool.slots.values()
                                       if s.state == "ready"]) == 2)
     assert [e for e in log if e[0] == "start"] == [("start", "m"), ("start", "m")]
+
+
+async def test_a_removed_model_is_named_in_each_of_its_copies_model_removed(tmp_path):
+    coord, _log, gate = await held_burst(tmp_path, TWO_GPUS)
+    async with started_client(coord) as client:
+        asking = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+                  for _ in range(3)]
+        await wait_until(lambda: sum(s.state == "ready" for s in coord.pool.slots.values())
+                         == 2)
+        gate.set()
+        await asyncio.gather(*asking)
+        coord.pool.catalog.adopt(Catalog([], tmp_path))  # m left the catalog
+        await take_catalog_change(coord.pool, CatalogDiff(removed=["m"]), drain_s=1.0)
+    removed = coord.events.recent("model_removed", model="m")
+    assert sorted((e["model"], e["replica"]) for e in removed) == [("m", "m"), ("m", "m#2")]
+    assert coord.pool.slots == {}
