@@ -256,12 +256,21 @@ class ModelPool(Replicas):
         return self.owner(model_id).start_load(priority)
 
     async def unload(self, model_id: str, reason: str = "unload requested",
-                     wait_s: float = 0.0) -> bool:
-        """Unload ``model_id``'s first copy (False: it has no slot)."""
-        owner = self.owners.get(slot_key(model_id))
-        if owner is None:
-            return False
-        return await owner.unload(reason, wait_s=wait_s, wait_for_op=True)
+                     wait_s: float = 0.0,
+                     only_if: Callable[[ModelSlot], bool] | None = None) -> bool:
+        """Unload every copy of ``model_id`` (those ``only_if`` lets go, when given),
+        together: each waits up to ``wait_s`` for its running requests. False: none had a
+        worker. A copy still busy raises (409 ``model_busy``) once the others are done: they
+        are unloaded, it goes on serving."""
+        owners = self.replicas(model_id)
+        done = await asyncio.gather(
+            *(o.unload(reason, wait_s=wait_s, wait_for_op=True, only_if=only_if)
+              for o in owners), return_exceptions=True)
+        self.prune_replicas()
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
+        return any(done)
 
     async def offload(self, model_id: str, wait_s: float = 0.0) -> bool:
         return await self.owner(model_id).offload(wait_s=wait_s)

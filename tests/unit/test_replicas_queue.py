@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from model_boss.catalog import Catalog, CatalogDiff
@@ -125,17 +126,54 @@ async def test_min_copies_start_as_soon_as_the_model_is_wanted(tmp_path):
     assert [e for e in log if e[0] == "start"] == [("start", "m"), ("start", "m")]
 
 
+async def two_ready_copies(client, coord, gate) -> None:
+    asking = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+              for _ in range(3)]
+    await wait_until(lambda: sum(s.state == "ready" for s in coord.pool.slots.values()) == 2)
+    gate.set()
+    await asyncio.gather(*asking)
+
+
 async def test_a_removed_model_is_named_in_each_of_its_copies_model_removed(tmp_path):
     coord, _log, gate = await held_burst(tmp_path, TWO_GPUS)
     async with started_client(coord) as client:
-        asking = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
-                  for _ in range(3)]
-        await wait_until(lambda: sum(s.state == "ready" for s in coord.pool.slots.values())
-                         == 2)
-        gate.set()
-        await asyncio.gather(*asking)
+        await two_ready_copies(client, coord, gate)
         coord.pool.catalog.adopt(Catalog([], tmp_path))  # m left the catalog
         await take_catalog_change(coord.pool, CatalogDiff(removed=["m"]), drain_s=1.0)
     removed = coord.events.recent("model_removed", model="m")
     assert sorted((e["model"], e["replica"]) for e in removed) == [("m", "m"), ("m", "m#2")]
     assert coord.pool.slots == {}
+
+
+# an unload of the model, as the admin API (and the CLI through it) or Ollama asks for it
+UNLOADS = [("/api/v1/models/m/unload", None, {"model": "m", "unloaded": True}),
+           ("/api/chat", {"model": "m", "keep_alive": 0}, {"done_reason": "unload"})]
+
+
+@pytest.mark.parametrize("path, body, said", UNLOADS, ids=["admin", "ollama keep_alive 0"])
+async def test_unloading_a_model_unloads_every_copy(tmp_path, path, body, said):
+    coord, log, gate = await held_burst(tmp_path, TWO_GPUS)
+    async with started_client(coord) as client:
+        await two_ready_copies(client, coord, gate)
+        answer = await client.post(path, json=body)
+        assert answer.status_code == 200 and said.items() <= answer.json().items()
+        assert [e for e in log if e[0] == "stop"] == [("stop", "m"), ("stop", "m")]
+        assert {k: s.state for k, s in coord.pool.slots.items()} == {"m": SlotState.IDLE}
+    assert not await coord.pool.unload("m")  # nothing left to stop
+
+
+async def test_a_busy_copy_refuses_the_unload_and_the_idle_one_goes(tmp_path):
+    coord, _log, gate = await held_burst(tmp_path, TWO_GPUS)
+    async with started_client(coord) as client:
+        await two_ready_copies(client, coord, gate)
+        gate.clear()
+        busy = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+        await wait_until(lambda: any(s.active for s in coord.pool.slots.values()))
+        serving = next(k for k, s in coord.pool.slots.items() if s.active)
+        answer = await client.post("/api/v1/models/m/unload")
+        assert answer.status_code == 409 and answer.json()["error"]["code"] == "model_busy"
+        states = {k: s.state for k, s in coord.pool.slots.items()}
+        assert states[serving] == SlotState.READY  # it goes on serving
+        assert all(state == SlotState.IDLE for k, state in states.items() if k != serving)
+        gate.set()
+        assert (await busy).status_code == 200

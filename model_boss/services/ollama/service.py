@@ -195,11 +195,9 @@ async def load_or_unload(coord: Coordinator, name: str, entries: list[CatalogEnt
     headers: dict[str, str] = {}
     if ext.keep_alive_s == 0:
         reason = "unload"
-        for entry in entries:
-            owner = coord.pool.owners.get(entry.manifest.id)
-            if owner is not None:
-                await owner.unload("keep_alive 0", wait_s=UNLOAD_WAIT_S, wait_for_op=True,
-                                   only_if=lambda slot: not slot.pinned)
+        for entry in entries:  # every copy of it
+            await coord.pool.unload(entry.manifest.id, "keep_alive 0", wait_s=UNLOAD_WAIT_S,
+                                    only_if=lambda slot: not slot.pinned)
     else:
         reason = "load"
         headers = (await serve(coord, LOAD_ONLY, {"model": name}, ext,
