@@ -33,6 +33,7 @@ from ..services.responses import DIALECT as RESPONSES_DIALECT
 from ..services.responses import RESPONSES
 from ..services.schemas import OpenAIRequest, RerankRequest
 from ..services.served import Dialect
+from ..slot_key import slot_key
 from ..slots.slot import SlotState
 from ..tenancy.keys import identity_of, sees
 from . import anthropic
@@ -99,14 +100,17 @@ def _seen(request: Request) -> list[CatalogEntry]:
 def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
     """A model as OpenAI's ``/v1/models`` lists it, with model-boss's own fields."""
     coord, m = coordinator_of(request), entry.manifest
-    slot = coord.pool.slots.get(m.base or m.id)  # an adapter: its base's
+    model_id = m.base or m.id  # an adapter: its base's
+    slot = coord.pool.slots.get(slot_key(model_id))  # its first copy: it holds the pin
+    # ready when any copy is: a second copy serves as well as the first
+    ready = any(o.slot.state == SlotState.READY for o in coord.pool.replicas(model_id))
     card = {
         "id": m.id, "object": "model", "created": int(coord.started_at),
         "owned_by": "model-boss", "aliases": m.aliases, "category": str(m.category),
         "backend": str(m.backend), "source": m.source, "available": entry.available,
         "unavailable_reason": redact(entry.unavailable_reason)
         if entry.unavailable_reason else None,
-        "state": str(slot.state) if slot else str(SlotState.IDLE),
+        "state": str(SlotState.READY if ready else slot.state if slot else SlotState.IDLE),
         "pinned": slot.pinned if slot else m.pin,
     }
     if m.base:  # a LoRA adapter, served on its base's worker

@@ -105,8 +105,9 @@ def loading_line(coord: Coordinator, request_id: str) -> tuple[str | None, bytes
     """The model a waiting request waits on a load of, and the comment that says how far
     that load is; (None, None) when it waits on no load."""
     request = next((r for r in coord.queue.ordered() if r.request_id == request_id), None)
-    owner = coord.pool.owners.get(request.model_id) if request is not None else None
-    progress = owner.progress if owner is not None else None
+    owners = coord.pool.replicas(request.model_id) if request is not None else []
+    # the load of any copy of its model (its first, or one more for its waiters)
+    progress = next((o.progress for o in owners if o.progress is not None), None)
     if request is None or progress is None:
         return None, None
     snap = progress.snapshot()

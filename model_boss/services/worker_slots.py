@@ -29,8 +29,9 @@ async def worker_slots(coord: Coordinator, model: str | None) -> Served:
     from the first of its candidates that runs; 409 when none runs."""
     plan = await coord.router.resolve(model, task=None if model else default_task(coord))
     for model_id in plan.candidates:
-        slot = coord.pool.slots.get(model_id)
-        backend = slot.backend if slot is not None and slot.state is SlotState.READY else None
+        ready = [o.slot for o in coord.pool.replicas(model_id)
+                 if o.slot.state is SlotState.READY]  # any copy runs it: the first that does
+        backend = ready[0].backend if ready else None
         if backend is not None:
             reply = await worker_get(backend, model_id, SLOTS)
             return Served(200, {MODEL_HEADER: model_id}, "application/json",

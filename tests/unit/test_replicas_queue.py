@@ -177,3 +177,13 @@ async def test_a_busy_copy_refuses_the_unload_and_the_idle_one_goes(tmp_path):
         assert all(state == SlotState.IDLE for k, state in states.items() if k != serving)
         gate.set()
         assert (await busy).status_code == 200
+
+
+async def test_a_model_served_by_its_second_copy_alone_is_ready(tmp_path):
+    coord, _log, gate = await held_burst(tmp_path, TWO_GPUS)
+    async with started_client(coord) as client:
+        await two_ready_copies(client, coord, gate)
+        assert await coord.pool.owners[slot_key("m")].unload("test: the first copy goes")
+        assert coord.pool.slots[slot_key("m", 2)].state == SlotState.READY
+        cards = (await client.get("/v1/models")).json()["data"]
+    assert next(c for c in cards if c["id"] == "m")["state"] == "ready"

@@ -14,6 +14,7 @@ import orjson
 
 from ...catalog import BackendKind, Category
 from ...errors import BadRequest, ModelNotFound
+from ...slot_key import model_of
 from ..cancel import Departure
 from ..extensions import Extensions
 from ..schemas import EditRequest, ImageRequest
@@ -33,7 +34,7 @@ _COMMON = {"prompt": "prompt", "negative_prompt": "negative_prompt", "steps": "s
 
 def picture_models(coord: Coordinator) -> list[str]:
     """The text-to-image models a key may use, loaded ones first."""
-    ready = set(coord.pool.slots)
+    ready = {model_of(key) for key in coord.pool.slots}  # a copy's model
     found = [e.manifest.id for e in coord.catalog if e.available
              and e.manifest.backend == BackendKind.DIFFUSERS
              and e.manifest.category == Category.DIFFUSION]
