@@ -15,6 +15,7 @@ import httpx
 import orjson
 
 from ..catalog import CatalogEntry
+from ..catalog.extras import default_llama_worker, install_hint, requirement
 from ..errors import LoadFailed, ModelBossError, WorkerCrashed
 from ..gpu.placement import Placement
 from ..settings import Settings
@@ -217,7 +218,8 @@ class HttpWorkerBackend:
                 await asyncio.sleep(0.1)  # let the output reader drain
                 raise LoadFailed(
                     f"the worker of '{self.manifest.id}' stopped while loading "
-                    f"({exit_words(self.process.returncode)}): {self._tail_text()}")
+                    f"({exit_words(self.process.returncode)}): "
+                    f"{self.with_install_hint(self._tail_text())}")
             if await self._probe_starting():
                 return
             await asyncio.sleep(_STARTUP_POLL_S)
@@ -233,11 +235,32 @@ class HttpWorkerBackend:
 
     async def _probe_starting(self) -> bool:
         """One health probe while starting: True once healthy; a 503 tells how far the load
-        is."""
+        is, or that it failed (LoadFailed at once, in the worker's own words)."""
         response = await self._health()
         if response is not None and response.status_code == 503:
+            if (error := self.load_failure(response)) is not None:
+                raise LoadFailed(f"loading '{self.manifest.id}' failed in its worker: "
+                                 f"{self.with_install_hint(error)}")
             self._report(*self.loading_stage(response))
         return response is not None and response.status_code == 200
+
+    def load_failure(self, response: httpx.Response) -> str | None:
+        """The worker's error when a health answer says its load failed for good (the Python
+        workers stay up and answer ``{"state": "failed", "error": ...}``); None otherwise."""
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        if not isinstance(body, dict) or body.get("state") != "failed":
+            return None
+        return str(body.get("error") or "the worker gave no reason")
+
+    def with_install_hint(self, error: str) -> str:
+        """``error``, followed by the extra to install when it is a module this kind of
+        worker needs that is missing (catalog/extras.py)."""
+        needed = requirement(self.manifest, default_llama_worker(self.settings))
+        hint = install_hint(needed, error)
+        return f"{error}; {hint}" if hint else error
 
     async def _health(self) -> httpx.Response | None:
         """The worker's health answer; None when it does not answer."""

@@ -1,6 +1,7 @@
 """BACKENDS: the worker kinds the pool can start, by manifest ``backend``."""
 
 from ..catalog import BackendKind, CatalogEntry
+from ..catalog.extras import default_llama_worker
 from ..catalog.manifest import LlamaWorker, ModelManifest
 from ..settings import Settings
 from .cloud import CloudBackend
@@ -19,11 +20,7 @@ from .transformers import TransformersBackend
 def worker_kind(manifest: ModelManifest, settings: Settings) -> LlamaWorker:
     """The manifest's ``worker``, else the settings' default, else binary when a
     ``llama_server_binary`` is configured, else native."""
-    if manifest.worker is not None:
-        return manifest.worker
-    if settings.llama_worker is not None:
-        return LlamaWorker(settings.llama_worker)
-    return LlamaWorker.BINARY if settings.llama_server_binary else LlamaWorker.NATIVE
+    return manifest.worker if manifest.worker is not None else default_llama_worker(settings)
 
 
 class LlamaBackends:

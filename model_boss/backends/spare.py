@@ -24,6 +24,7 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -223,6 +224,7 @@ class TakesSpares:
     manifest: ModelManifest
     settings: Settings
     _client: httpx.AsyncClient | None
+    with_install_hint: Callable[[str], str]  # HttpWorkerBackend's
 
     def model_flags(self, placement: Placement | None) -> list[str]:
         raise NotImplementedError
@@ -253,7 +255,7 @@ class TakesSpares:
             if reply.status_code != 200:  # it answers as /health would: 200 once loaded
                 detail = upstream_error(self.manifest.id, reply.status_code, reply.content)
                 raise LoadFailed(f"spare worker could not load '{self.manifest.id}': "
-                                 f"{detail.message}")
+                                 f"{self.with_install_hint(detail.message)}")
         except BaseException:
             await self.stop()  # type: ignore[attr-defined]
             raise

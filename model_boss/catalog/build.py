@@ -12,6 +12,7 @@ from ..settings import Settings
 from .catalog import Catalog
 from .context import ContextFit, served_contexts
 from .discovery import discover
+from .extras import default_llama_worker
 from .manifest import ModelManifest, load_manifests
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ def read_models(settings: Settings, fit: ContextFit | None = None) -> list[Model
 
 
 def build_catalog(settings: Settings, fit: ContextFit | None = None) -> Catalog:
-    return Catalog(read_models(settings, fit), settings.models_path)
+    return Catalog(read_models(settings, fit), settings.models_path,
+                   llama_default=default_llama_worker(settings))
 
 
 @dataclass(slots=True)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelNotFound, ModelUnavailable
 from .adapters import Adapter, adapter_manifest, adapters_of, draft_problem, on_base
-from .manifest import BackendKind, Category, ModelManifest
+from .extras import Importable, module_found, not_installed, requirement
+from .manifest import BackendKind, Category, LlamaWorker, ModelManifest
 from .pipelines import ip_adapter_path, makes_video, pipeline_class
 
 
@@ -21,6 +23,7 @@ class CatalogEntry:
     adapter: Adapter | None = None  # a LoRA: served on its base's slot (catalog/adapters.py)
     adapters: tuple[Adapter, ...] = ()  # a base's servable adapters, in its worker's order
     found_problem: str | None = None  # what its files say against it (a draft, a kind)
+    not_installed: str | None = None  # the extra its kind needs, missing here (extras.py)
 
     @property
     def available(self) -> bool:
@@ -35,16 +38,27 @@ class CatalogEntry:
 
 
 class Catalog:
-    """Resolves names (id or alias) to entries; knows which models cannot be served and why."""
+    """Resolves names (id or alias) to entries; knows which models cannot be served and why.
 
-    def __init__(self, manifests: list[ModelManifest], models_dir: Path) -> None:
+    ``importable`` says whether this install finds a module (each asked once per catalog);
+    ``llama_default`` is the worker a llama model that names none runs on: together they
+    tell which models' extras are missing (:mod:`.extras`)."""
+
+    def __init__(self, manifests: list[ModelManifest], models_dir: Path, *,
+                 importable: Importable = module_found,
+                 llama_default: LlamaWorker = LlamaWorker.NATIVE) -> None:
         self._entries: dict[str, CatalogEntry] = {}
         self._names: dict[str, str] = {}
+        importable = functools.cache(importable)
         for manifest in manifests:
             path = manifest.resolved_path(models_dir)
             entry = CatalogEntry(manifest, path, _unavailable_reason(manifest, path))
             if manifest.backend == BackendKind.DIFFUSERS and entry.available:
                 _diffusers_kind(entry, models_dir)
+            if entry.available:
+                entry.not_installed = not_installed(requirement(manifest, llama_default),
+                                                    importable)
+                entry.unavailable_reason = entry.not_installed
             if manifest.draft and entry.available and path is not None:
                 entry.found_problem = draft_problem(path, manifest.resolved_draft(models_dir))
                 entry.unavailable_reason = entry.found_problem
@@ -113,7 +127,7 @@ class Catalog:
         entry = self.get(name)
         if entry.adapter is None:
             entry.unavailable_reason = _unavailable_reason(entry.manifest, entry.path) \
-                or entry.found_problem
+                or entry.found_problem or entry.not_installed
         if entry.unavailable_reason:
             raise ModelUnavailable(
                 f"The model '{entry.manifest.id}' is unavailable: {entry.unavailable_reason}",
