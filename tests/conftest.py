@@ -123,7 +123,9 @@ class ServerProcess:
                 answer = httpx.get(self.url + "/health", timeout=1)
                 # a coordinator's answer, and ours: another test's coordinator may have
                 # taken the port first, and answers /health as well as ours would
-                if (answer.status_code == 200 and "ready_count" in answer.json()
+                # (a keyed one names no ready model to a stranger: ready_count; an earlier
+                # checkout's, which a benchmark may start, ready)
+                if (answer.status_code == 200 and {"ready_count", "ready"} & answer.json().keys()
                         and listens(self.proc.pid, self.port)):
                     return True
             except (httpx.HTTPError, ValueError):
