@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,7 +25,8 @@ def server(tmp_path_factory, demo_gguf):
     missing = {"id": "ghost", "backend": "llama-server", "path": "/nonexistent/ghost.gguf"}
     srv = ServerProcess(tmp_path_factory.mktemp("chat"),
                         {"gpus": [{"index": 0, "name": "sim-8g", "vram_mb": 8192}]},
-                        [llama_manifest("smol", demo_gguf, aliases=["demo"]), missing])
+                        [llama_manifest("smol", demo_gguf, aliases=["demo", "smollm2-135m"]),
+                         missing])
     srv.start()
     yield srv
     srv.stop()
@@ -33,6 +35,15 @@ def server(tmp_path_factory, demo_gguf):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_the_readmes_first_example_runs_as_written(server, capsys):
+    """The README's six-line OpenAI example, its address pointed at this server."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("```python\n")[1].split("```")[0]
+    assert len(example.splitlines()) == 6, example
+    exec(compile(example.replace("http://127.0.0.1:8210", server.url), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip()
 
 
 def test_chat_returns_text(client, server):

@@ -1,9 +1,11 @@
 """Pulls through the real ``huggingface_hub`` client against a local stand-in for the hub's
 file API (no hub is reachable here): by quantization, Ollama's /api/pull with the ``ollama``
-client, an interrupted download resumed by the next pull, a corrupt file refused, removal."""
+client, an interrupted download resumed by the next pull, a corrupt file refused, removal, a
+transformers model's folder and a diffusers pipeline's."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -183,3 +185,29 @@ def test_a_transformers_repository_is_pulled_whole_listed_and_removed(server, hu
     assert not folder.exists() and "tiny-reranker" not in models(server)
     record = json.loads((server.workdir / "models" / ".model-boss-pulls.json").read_text())
     assert "BAAI/tiny-reranker" not in record
+
+
+def test_a_diffusers_pipeline_is_pulled_as_its_folder_and_draws(server, hub, tiny_sd):
+    """``hf://ORG/REPO`` with ``model_index.json`` at its top: the pipeline as
+    ``save_pretrained`` wrote it, plus the fp16 copy a hub repository ships beside it (left
+    there), is fetched as the folder the diffusers worker loads and answers an image
+    request."""
+    for path in sorted(p for p in tiny_sd.rglob("*") if p.is_file()):
+        name = path.relative_to(tiny_sd).as_posix()
+        hub.add_file("tiny/sd-pipe", name, path)
+        if name.endswith("diffusion_pytorch_model.safetensors"):
+            hub.add_file("tiny/sd-pipe", name.replace(".safetensors", ".fp16.safetensors"), path)
+    hub.add_file("tiny/sd-pipe", "README.md", b"# tiny\n")
+    lines = pull(server, "hf://tiny/sd-pipe")
+    assert lines[-1] == {"status": "success", "model": "sd-pipe", "path": "tiny/sd-pipe"}
+    folder = server.workdir / "models" / "tiny" / "sd-pipe"
+    got = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert got == sorted(p.relative_to(tiny_sd).as_posix() for p in tiny_sd.rglob("*")
+                         if p.is_file())
+    listed = httpx.get(server.url + "/v1/models", timeout=10).json()["data"]
+    entry = next(m for m in listed if m["id"] == "sd-pipe")
+    assert (entry["category"], entry["source"]) == ("diffusion", "pulled")
+    image = httpx.post(server.url + "/v1/images/generations", timeout=300, json={
+        "model": "sd-pipe", "prompt": "a red square", "size": "64x64", "x_steps": 2})
+    assert image.status_code == 200, image.text
+    assert base64.b64decode(image.json()["data"][0]["b64_json"])[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,6 @@
-"""Pulling a GGUF model (or a transformers model's folder: ``pull_folder``) from the Hugging
-Face Hub into ``models_dir``, resolved through the real
+"""Pulling a GGUF model (or a transformers model's folder, :mod:`.folder`, or a diffusers
+pipeline's, :mod:`.pipeline`) from the Hugging Face Hub into ``models_dir``, resolved through
+the real
 ``huggingface_hub`` client (the file list, sizes, checksums and URLs; HF_TOKEN, HF_ENDPOINT or
 the ``hf_endpoint`` setting honoured; a file already in the hub cache is taken from there).
 
@@ -39,6 +40,13 @@ from ..hub_reach import HubRetries, HubUnavailable, hub_endpoint, unreachable
 from ..hub_source import InvalidHubName, PullSource
 from ..hub_source import parse_source as parse_source  # where its callers import it from
 from .folder import choose_folder_files, is_folder_repo
+from .pipeline import (
+    INDEX,
+    UnservablePipeline,
+    choose_pipeline_files,
+    is_pipeline_repo,
+    read_index,
+)
 
 Report = Callable[[dict[str, Any]], None]
 # the quantization picked when a repository holds several and the source names none
@@ -159,8 +167,8 @@ class _File:
 def pull_files(source: PullSource, models_dir: Path, report: Report,
                cancelled: threading.Event, endpoint: str | None = None) -> Path:
     """Fetch ``source`` into ``models_dir``; the model file (a split one's first part), or a
-    transformers model's folder."""
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    transformers model's or a diffusers pipeline's folder."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     hub = hub_endpoint(endpoint)
@@ -169,17 +177,33 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
         with HubRetries(report) as retries:
             files = [source.filename] if source.filename else \
                 HfApi(endpoint=endpoint).list_repo_files(source.repo)
-            whole = not (source.filename or source.quant) and is_folder_repo(files)
+            named = bool(source.filename or source.quant)
+            pipeline = not named and is_pipeline_repo(files)
+            whole = pipeline or (not named and is_folder_repo(files))
             # a folder is fetched into ORG/REPO.partial (discovery does not see it) and named
             # ORG/REPO once every file is there and verified
             folder = models_dir / source.repo
             into = folder.with_name(folder.name + ".partial") if whole else folder
-            wanted = []
-            for name in (choose_folder_files(files) if whole else choose_files(files, source)):
-                meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
-                wanted.append(_File(name, meta.location, meta.size or 0, meta.etag,
-                                    into / name))
             headers = build_hf_headers(library_name="model-boss")
+
+            def file(name: str) -> _File:
+                meta = get_hf_file_metadata(hf_hub_url(source.repo, name, endpoint=endpoint))
+                return _File(name, meta.location, meta.size or 0, meta.etag, into / name)
+
+            if whole and folder.exists():
+                raise _already_pulled(source, models_dir)
+            if pipeline:  # its index names the components, so it comes first
+                index = file(INDEX)
+                _fetch(source, index, headers, report, cancelled)
+                try:
+                    names = choose_pipeline_files(
+                        files, read_index(index.dest.read_bytes(), source.repo), source.repo)
+                except UnservablePipeline:
+                    shutil.rmtree(into, ignore_errors=True)
+                    raise
+            else:
+                names = choose_folder_files(files) if whole else choose_files(files, source)
+            wanted = [file(name) for name in names if not (pipeline and name == INDEX)]
     except ModelBossError:
         raise
     except Exception as exc:
@@ -188,22 +212,12 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
     if _free_mb(models_dir) < need_mb + 64:
         raise NoRoom(f"{source} needs {need_mb} MB; {models_dir} has "
                      f"{_free_mb(models_dir)} MB free", retry_after_s=60)
-    if whole and folder.exists():
-        raise BadRequest(f"{source.repo} is in {models_dir.name} already: remove it first "
-                         "(DELETE /api/v1/models/NAME) to pull it again", status_code=409,
-                         param="source", code="already_pulled")
-    checked = not whole
-    for file in sorted(wanted, key=lambda f: (not f.name.endswith(".json"), f.size)):
-        if not checked and not file.name.endswith(".json"):  # its configs say its kind
+    checked = not whole or pipeline  # a pipeline's index was read before any weights came
+    for item in sorted(wanted, key=lambda f: (not f.name.endswith(".json"), f.size)):
+        if not checked and not item.name.endswith(".json"):  # its configs say its kind
             _check_kind(source, into, [f.name for f in wanted])
             checked = True
-        cached = try_to_load_from_cache(source.repo, file.name)
-        if isinstance(cached, str) and Path(cached).stat().st_size == file.size:
-            _link(Path(cached), file.partial)  # the hub cache has it already
-        _download(file, headers, report, cancelled)
-        report({"status": "verifying", "file": file.name})
-        _verify(file)
-        os.replace(file.partial, file.dest)
+        _fetch(source, item, headers, report, cancelled)
     if not checked:
         _check_kind(source, into, [f.name for f in wanted])
     placed = [folder] if whole else [f.dest for f in wanted]
@@ -212,6 +226,27 @@ def pull_files(source: PullSource, models_dir: Path, report: Report,
     _record(models_dir, placed, source, [None] if whole else [f.etag for f in wanted])
     report({"status": "placed", "file": placed[0].relative_to(models_dir).as_posix()})
     return placed[0]
+
+
+def _already_pulled(source: PullSource, models_dir: Path) -> BadRequest:
+    return BadRequest(f"{source.repo} is in {models_dir.name} already: remove it first "
+                      "(DELETE /api/v1/models/NAME) to pull it again", status_code=409,
+                      param="source", code="already_pulled")
+
+
+def _fetch(source: PullSource, file: _File, headers: dict[str, str], report: Report,
+           cancelled: threading.Event) -> None:
+    """One file to its place: from the hub cache when it is there whole, else downloaded
+    (resuming its ``.partial``), then verified and renamed."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source.repo, file.name)
+    if isinstance(cached, str) and Path(cached).stat().st_size == file.size:
+        _link(Path(cached), file.partial)  # the hub cache has it already
+    _download(file, headers, report, cancelled)
+    report({"status": "verifying", "file": file.name})
+    _verify(file)
+    os.replace(file.partial, file.dest)
 
 
 def _check_kind(source: PullSource, into: Path, names: list[str]) -> None:
