@@ -54,6 +54,38 @@ LLAMA_NATIVE = Requirement("llama", ("xllamacpp",))
 LLAMA_CPP_PYTHON = Requirement("llama-cpp-python", ("llama_cpp",))
 
 
+# every kind of model, as ``model-boss doctor`` lists them, with what each needs installed
+KINDS: tuple[tuple[str, Requirement | None], ...] = (
+    ("GGUF models on llama.cpp's own server (built in)", LLAMA_NATIVE),
+    ("GGUF models on llama-cpp-python (worker: llama-cpp-python)", LLAMA_CPP_PYTHON),
+    ("diffusers picture pipelines", DIFFUSION),
+    ("diffusers video pipelines", DIFFUSION_VIDEO),
+    ("embedders and rerankers (sentence-transformers)", SENTENCE_TRANSFORMERS),
+    ("speech recognition and voices (transformers)", SPEECH),
+    ("cloud remotes, commands, an external llama-server", None),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KindReadiness:
+    """Whether this install runs one kind of model: the modules of its extra it lacks."""
+
+    kind: str
+    needed: Requirement | None
+    missing: tuple[str, ...]
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing
+
+
+def readiness(importable: Importable) -> list[KindReadiness]:
+    """Every kind of model and whether this install can run it (``KINDS``, in order)."""
+    return [KindReadiness(kind, needed, tuple(
+        module for module in (needed.modules if needed else ()) if not importable(module)))
+        for kind, needed in KINDS]
+
+
 def default_llama_worker(settings: Settings) -> LlamaWorker:
     """How a llama model whose manifest names no ``worker`` is run: the settings' default,
     else binary when a ``llama_server_binary`` is configured, else native."""

@@ -9,10 +9,10 @@ import os
 from collections.abc import Mapping
 
 from ..settings import Settings
-from . import config, keys, launch, leases, models, ps, serve, simulate, usage
+from . import config, doctor, keys, launch, leases, models, ps, serve, simulate, usage
 
 # the command groups, in the order --help lists their commands
-GROUPS = (serve, ps, models, config, leases, simulate, keys, usage, launch)
+GROUPS = (serve, ps, models, config, leases, simulate, keys, usage, launch, doctor)
 
 DEFAULT_PORT: int = Settings.model_fields["port"].default
 
