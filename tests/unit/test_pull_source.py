@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from model_boss.catalog import Catalog
-from model_boss.catalog.pulls import download as pull_module
 from model_boss.catalog.discovery import discover, scan
 from model_boss.catalog.hub_source import InvalidHubName, name_problem
+from model_boss.catalog.pulls import download as pull_module
 from model_boss.catalog.pulls.download import (
     NoRoom,
     PullCancelled,
