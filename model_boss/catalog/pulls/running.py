@@ -3,8 +3,9 @@
 A pull runs in a thread (:func:`~.download.pull_files`), one per source at a time (a second
 ask for the same source follows the first); its progress goes to whoever asked, and to
 ``/api/v1/events`` as ``pull_progress``. A finished pull reloads the catalog, which serves the
-file under its discovered name. A failed or cancelled pull leaves nothing in ``models_dir``
-(half-downloaded bytes stay only in the hub cache, for the next pull to resume).
+file under its discovered name. A failed or cancelled pull serves nothing: its bytes so far
+stay under ``models_dir`` as ``.partial`` (a file, or a folder's ``ORG/REPO.partial/``), which
+discovery never lists, for the next pull of the same source to resume.
 """
 
 from __future__ import annotations
