@@ -78,4 +78,6 @@ def test_add_your_models_names_real_extras_and_sources():
     sources = re.findall(r"model-boss pull (\S+)`", section)
     assert len(sources) == 3
     assert all(parse_source(source).repo for source in sources)
-    assert "model-boss doctor" not in README  # not a command (yet)
+    # the check of this install it names is a command
+    assert "`model-boss doctor`" in section
+    assert build_parser({}).parse_args(["doctor"]).command == "doctor"
