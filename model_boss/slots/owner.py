@@ -381,8 +381,9 @@ class SlotOwner:
         self.pool.spawn(self._cleanup(backend, lease))
 
     async def _cleanup(self, backend: InferenceBackend | None, lease: Lease | None) -> None:
-        with contextlib.suppress(Exception):
-            await backend.stop() if backend is not None else None
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                await backend.stop()
         await self.pool.release_lease(lease, self.model_id)
         self.pool.on_change()
 
