@@ -240,7 +240,7 @@ def test_a_malformed_lora_flag_is_a_usage_error(flag, words):
 
 def test_a_lora_path_with_no_weights_is_named(tmp_path):
     """What ``--lora NAME=PATH`` resolves to, found before any weights are read."""
-    from workers.diffusers.media import lora_file
+    from workers.diffusers.loras import lora_file
 
     (tmp_path / "two").mkdir()
     for name in ("a.safetensors", "b.safetensors"):

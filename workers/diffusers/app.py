@@ -34,11 +34,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from ..auth import require_key
+from ..pipeline_kinds import PipelineKind
 from ..spare import InvalidOptions, LoadRequest
 from .errors import InvalidRequest, Unauthorized, WorkerError, envelope
 from .generation import Generator
 from .loader import LoadedPipeline
-from .media import PipelineKind
 from .options import WorkerOptions, load_args
 from .pipeline import LOADED, PipelineHolder, PipelineState
 from .schemas import CancelRequest, GenerateRequest

@@ -19,7 +19,7 @@ from ..tickets import CancelOutcome, Ticket
 from .edits import EditPipelines, edit_kwargs, edit_steps, steps_run
 from .errors import CudaOutOfMemory, GenerationFailed, WorkerError
 from .loader import LoadedPipeline
-from .media import applied, require_adapter
+from .loras import applied, require_adapter
 from .memory import (
     Offload,
     VaeDecision,

@@ -14,7 +14,8 @@ from typing import Any
 
 import psutil
 
-from .media import PipelineKind, attach_loras, pipeline_kind
+from ..pipeline_kinds import PipelineKind, pipeline_kind
+from .loras import attach_loras
 from .memory import Offload, pipeline_footprint_mb, place_weights, torch_dtype
 from .options import WorkerOptions
 from .references import adapter_files, attach_ip_adapter

@@ -11,7 +11,7 @@
 may bring reference images; its image encoder is the ``image_encoder/`` folder beside it unless
 ``--ip-adapter-image-encoder`` names another (``references``). Each ``--lora NAME=PATH`` loads
 a LoRA adapter (a ``.safetensors`` file, or a folder holding ``pytorch_lora_weights.safetensors``)
-that a request turns on by its NAME (``media.loras``); none is on otherwise.
+that a request turns on by its NAME (``loras``); none is on otherwise.
 
 The API key is better given in ``WORKER_API_KEY`` (argv shows in ``ps``); without one the
 worker answers anyone.
@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass, replace
 
 from ..spare import InvalidOptions, RaisingParser, refuse_owned
-from .media import parse_lora
+from .loras import parse_lora
 from .memory import Offload
 
 PROG = "python -m workers.diffusers"

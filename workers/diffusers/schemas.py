@@ -55,7 +55,7 @@ class GenerateRequest(BaseModel):
     reference_images: list[ReferenceImage] | None = Field(default=None, max_length=4)
     reference_strength: float = Field(default=0.6, ge=0, le=1)
     # a LoRA adapter the worker loaded (--lora NAME=PATH), on for this generation only, and
-    # how strongly (0: the base model's images; workers/diffusers/media/loras.py)
+    # how strongly (0: the base model's images; workers/diffusers/loras.py)
     adapter: AdapterName | None = None
     adapter_scale: float = Field(default=1.0, ge=0, le=2)
 

@@ -22,22 +22,20 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..tickets import Ticket
-from .errors import CudaOutOfMemory, InvalidRequest, UnsupportedEndpoint
-from .generation import Generator
-from .loader import LoadedPipeline
-from .media import (
+from ..pipeline_kinds import (
     PipelineKind,
-    applied,
-    encode_mp4,
     frames_for,
     is_video_pipeline,
     off_multiple,
     pipeline_kind,
-    require_adapter,
     takes_image,
-    video_codec,
 )
+from ..tickets import Ticket
+from .errors import CudaOutOfMemory, InvalidRequest, UnsupportedEndpoint
+from .generation import Generator
+from .loader import LoadedPipeline
+from .loras import applied, require_adapter
+from .media import encode_mp4, video_codec
 from .media.pictures import decode_picture
 from .memory import Offload
 from .schemas import AdapterName, Prompt, RequestId, Side

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidRequest
+from .errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
