@@ -35,7 +35,7 @@ from .settings import PreloadEntry, Settings
 from .slots.changes import take_catalog_change
 from .slots.drain import Drain
 from .slots.pool import BackendFactory, ModelPool, default_backend_factory
-from .tenancy.keys import KeyStore, MinuteWindows, exposure_warning
+from .tenancy.keys import EndUserAdmission, KeyStore, MinuteWindows, exposure_warning
 from .tenancy.usage import Spent, UsageLedger, UsageRow
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class Coordinator:
         self.key_windows = MinuteWindows()
         self.usage = UsageLedger(settings.state_path / "usage.sqlite3"
                                  if settings.usage_ledger else None)
+        # each end user's rates and day under its key (a key's end_user_limits)
+        self.end_users = EndUserAdmission(self.usage.end_user_spent)
         self.started_at = time.time()
         self.nvml = open_nvml() if settings.use_nvml else None
         self.gpus = discover_gpus(settings.gpus, self.nvml)
@@ -137,6 +139,7 @@ class Coordinator:
             self.cluster.tenancy.add(row)
         if row.key:
             self.key_windows.used(row.key, row.at, row.tokens)
+            self.end_users.used(row.key, row.end_user, row.at, row.tokens)
         self.metrics.observe_usage(row)
 
     def usage_spent(self, key: str, since: float) -> Spent:

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..settings import LIMITS
+from ..settings import END_USER_LIMITS, LIMITS
 from .client import DaemonClient
 from .command import Subparsers, add_command
 from .table import columns, exact_figure
@@ -36,6 +36,15 @@ def add_parser(sub: Subparsers) -> None:
     for name, kind in LIMITS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=_limit(kind), metavar="N",
                             default=argparse.SUPPRESS, help="'none' clears it")
+    # each end user's under the key (settings.END_USER_LIMITS): --end-user-NAME
+    for name, kind in END_USER_LIMITS.items():
+        parser.add_argument("--end-user-" + name.replace("_", "-"), type=_limit(kind),
+                            metavar="N", dest=END_USER_FLAG + name, default=argparse.SUPPRESS,
+                            help="each end user's under the key; the end user flags given "
+                                 "replace the key's end_user_limits")
+
+
+END_USER_FLAG = "end_user_"  # the namespace's prefix for the end user limit flags
 
 
 def _limit(kind: type) -> Any:
@@ -59,6 +68,10 @@ def terms(args: argparse.Namespace) -> dict[str, Any]:
     for name in LIMITS:  # given only when its flag was (``none`` clears it)
         if hasattr(args, name):
             body[name] = getattr(args, name)
+    end_user = {name: getattr(args, END_USER_FLAG + name) for name in END_USER_LIMITS
+                if hasattr(args, END_USER_FLAG + name)}
+    if end_user:  # the API replaces them whole; the ones left out are cleared
+        body["end_user_limits"] = {k: v for k, v in end_user.items() if v is not None} or None
     return body
 
 
@@ -86,8 +99,11 @@ def format_keys(keys: list[dict[str, Any]]) -> str:
     """One line a key: name, prefix, scope, limits, expiry or revocation."""
     rows = [["NAME", "PREFIX", "ADMIN", "MODELS", "ENDPOINTS", "LIMITS", "EXPIRES", "REVOKED"]]
     for key in keys:
-        limits = ", ".join(f"{name}={exact_figure(key[name])}" for name in LIMITS
-                           if key.get(name) is not None)
+        end_user = key.get("end_user_limits") or {}
+        limits = ", ".join([f"{name}={exact_figure(key[name])}" for name in LIMITS
+                            if key.get(name) is not None]
+                           + [f"end_user.{name}={exact_figure(end_user[name])}"
+                              for name in END_USER_LIMITS if end_user.get(name) is not None])
         row = [key["name"], key.get("prefix") or "-", "yes" if key.get("admin") else "no",
                (",".join(key["models"]) or "(none)") if key.get("models") is not None else "*",
                ",".join(key["endpoints"]) if key.get("endpoints") is not None else "*",

@@ -93,7 +93,8 @@ class Admission:
                        infer_s=learned.predicted_infer_s(request.model_id))
 
     def _check_limits(self, request: QueuedRequest) -> None:
-        """Refuse with 429 when the queue, the client's share of it or the model's is full."""
+        """Refuse with 429 when the queue, the client's share of it, the model's or (under a
+        key) its end user's share of it is full."""
         client_limit = min(self.settings.max_queued_per_client,
                            request.max_queued if request.max_queued is not None else 10**9)
         entry = self.pool.catalog.find(request.model_id)
@@ -102,6 +103,18 @@ class Admission:
             entry.manifest.max_queued if entry else None, f"the queue for '{request.model_id}'"))
         if refusal is not None:
             raise refusal
+        end_user = request.end_user_of_key
+        limit = request.end_user_max_queued
+        if end_user is not None and limit is not None:
+            waiting = self._pending.of_end_user(*end_user)
+            if waiting >= limit:
+                self.events.emit("queue_rejected", model=request.model_id,
+                                 client=request.client_id, reason="end_user_queue_full")
+                raise RateLimited(
+                    f"end user '{end_user[1]}' of key '{end_user[0]}' has its share of the "
+                    f"queue full ({waiting} waiting, limit {limit})",
+                    retry_after_s=self._retry_after(request.model_id),
+                    code="end_user_queue_full")
 
     def refusal(self, client_id: str | None) -> RateLimited | None:
         """The 429 a request gets whatever its body says, known from its client's header

@@ -14,8 +14,11 @@ due, so a request of priority ``p`` overtakes any request of priority 0 that arr
 ``p * aging_s`` seconds after it: nothing starves. ``rank`` is how many requests of the same
 client and priority were waiting when this one arrived, divided by the client's ``share``
 (fair share: a client's burst of 12 puts its own 12th request 11 turns of ``turn_s`` back, not
-another client's single request). ``warm_credit_s`` is the reload time saved by serving a model that
-is already loaded, so queued requests for a loaded model run as one group before a swap
+another client's single request). Under a key, whose requests are one client, ``rank`` is
+dealt again among the key's end users (:func:`dealt_ranks`): fair share in two levels,
+between keys and then between one key's end users. ``warm_credit_s`` is the reload time
+saved by serving a model that is already loaded, so queued requests for a loaded model run
+as one group before a swap
 (bounded: a cold request still overtakes once it has waited that long).
 
 With aging off the order is strict: ``(priority, rank / share, cold, submitted_at)``.
@@ -26,7 +29,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +76,32 @@ def fair_rank(ahead: int, share: float = 1.0) -> float:
     """The rank of a request with ``ahead`` of its client's requests of its priority already
     waiting (the queue keeps that count as requests come and go)."""
     return ahead / max(share, 1e-6)
+
+
+def end_user_turns(end_users: Sequence[str]) -> list[int]:
+    """For a key's waiting requests in arrival order, named by their end users: each one's
+    turn among its own end user's (0 for the first, 1 for the next, ...)."""
+    seen: Counter[str] = Counter()
+    turns = []
+    for end_user in end_users:
+        turns.append(seen[end_user])
+        seen[end_user] += 1
+    return turns
+
+
+def dealt_ranks(end_users: Sequence[str], ranks: Sequence[float]) -> list[float]:
+    """Fair share within a key: its waiting requests of one priority, in arrival order (the
+    end user of each, and the rank each holds among the keys), given the same ranks again,
+    lowest first, round-robin among its end users: every end user's first request in
+    arrival order, then every one's second, and so on. The key keeps the ranks it held, so
+    its place among keys is as before; within it, one end user's burst no longer holds
+    another's first request behind it, and each end user's own requests keep their order."""
+    turns = end_user_turns(end_users)
+    dealt = [0.0] * len(ranks)
+    for rank, at in zip(sorted(ranks), sorted(range(len(turns)), key=lambda i: (turns[i], i)),
+                        strict=True):
+        dealt[at] = rank
+    return dealt
 
 
 def order_key(waiter: Waiter, *, warm_credit_s: float, policy: OrderPolicy,

@@ -67,6 +67,7 @@ class InferenceQueue(Admission):
         self._wake = asyncio.Event()
         self._held = False
         self._in_flight_by_client: dict[str, int] = {}
+        self._in_flight_by_end_user: dict[tuple[str, str], int] = {}  # (key, end user)
         self._evicting: dict[SlotKey, tuple[SlotKey, ...]] = {}  # loading copy -> its victims
         # request id -> how to ask it to give its slot back (a video job: it is requeued)
         self.yieldable: dict[str, Callable[[], None]] = {}
@@ -175,6 +176,9 @@ class InferenceQueue(Admission):
         if route is not None:
             self.replicas.granted(request, slot, route)
         self._in_flight_by_client[client] = self._in_flight_by_client.get(client, 0) + 1
+        if (end_user := request.end_user_of_key) is not None:
+            self._in_flight_by_end_user[end_user] = \
+                self._in_flight_by_end_user.get(end_user, 0) + 1
         self._pending.discard(request)
         self.requestors.started(client)
         self.granted_total += 1
@@ -202,6 +206,12 @@ class InferenceQueue(Admission):
         self.meter.finished(ticket, ok, client_fault, duration)
         client = request.client_id
         self._in_flight_by_client[client] = max(0, self._in_flight_by_client.get(client, 1) - 1)
+        if (end_user := request.end_user_of_key) is not None:
+            left = self._in_flight_by_end_user.get(end_user, 1) - 1
+            if left > 0:
+                self._in_flight_by_end_user[end_user] = left
+            else:
+                self._in_flight_by_end_user.pop(end_user, None)
         self.requestors.finished(client, slot.model_id, ok, time.monotonic() - ticket.started,
                                  client_fault=client_fault)
         if unloads or not self._grant_head(slot.model_id) \
@@ -229,8 +239,13 @@ class InferenceQueue(Admission):
             request.future.set_exception(error)
 
     def _has_room(self, request: QueuedRequest, owner: SlotGate) -> bool:
-        """The client is under its concurrency and the model under its ``max_concurrency``."""
+        """The client is under its concurrency, its end user under the key's
+        ``end_user_limits``, and the model under its ``max_concurrency``."""
         if owner.slot.active >= owner.slot.entry.manifest.running_limit:
+            return False
+        end_user = request.end_user_of_key
+        if end_user is not None and request.end_user_max_concurrency is not None and \
+                self._in_flight_by_end_user.get(end_user, 0) >= request.end_user_max_concurrency:
             return False
         if request.max_concurrency is None:
             return True

@@ -19,7 +19,7 @@ from ..endpoints import IMAGES
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError
 from ..slot_key import SlotKey
 from ..tenancy.usage.figures import Figures
-from .ordering import Lines, OrderPolicy, Waiter
+from .ordering import Lines, OrderPolicy, Waiter, dealt_ranks
 from .replicas import Route
 from .seams import SlotReading
 
@@ -48,6 +48,9 @@ class QueuedRequest:
     prompt: str | None = None  # its text, only when the request log captures prompts
     key: str = ""  # the key it came with ("" with no keys configured), for the usage ledger
     end_user: str = ""  # the client id, user or metadata.user_id it named under that key
+    # its key's end_user_limits that the queue applies, counted per end user under the key
+    end_user_max_concurrency: int | None = None
+    end_user_max_queued: int | None = None
     work: float | None = None  # its length as asked (:func:`asked_work`): the wait estimates'
     prefix: tuple[int, ...] = ()  # its prompt's chained block hashes (replica routing)
     session: str | None = None  # what keeps its conversation on one replica
@@ -60,6 +63,17 @@ class QueuedRequest:
         fixed on arrival, before)."""
         return Waiter(self.model_id, self.priority, self.client_id, self.submitted_at,
                       self.rank)
+
+    @property
+    def end_user_of_key(self) -> tuple[str, str] | None:
+        """(key, end user) where it came with a key: what per end user limits count."""
+        return (self.key, self.end_user) if self.key else None
+
+    def rerank(self, rank: float) -> None:
+        """Give it another fair-share rank (its key's ranks dealt again among its end users);
+        the caller takes it out of its line first and puts it back after."""
+        self.rank = rank
+        self.__dict__.pop("waiter", None)  # made again from the new rank
 
     def timed_out(self, now: float, max_queue_wait_s: float) -> ModelBossError:
         """The error of a request still waiting at its deadline: its budget ran out, or the
@@ -94,8 +108,12 @@ def _count(value: object) -> bool:
 
 class Backlog:
     """The waiting requests in arrival order, and their counts by client and priority, by
-    model, and by model and priority: each arrival and departure O(1), each count O(1)
-    (a scan of the queue per arrival made a burst of n requests cost n²)."""
+    model, by model and priority, and by a key's end user: each arrival and departure O(1),
+    each count O(1) (a scan of the queue per arrival made a burst of n requests cost n²).
+
+    A keyed request's arrival deals its key's ranks of its priority again among the key's
+    end users (:func:`~.ordering.dealt_ranks`): O(its key's waiting), only while more than one
+    end user of the key waits, and bounded by the key's queue limit."""
 
     def __init__(self, policy: OrderPolicy | None = None) -> None:
         self._requests: dict[QueuedRequest, None] = {}  # insertion-ordered
@@ -103,9 +121,19 @@ class Backlog:
         self._by_client: Counter[tuple[str, int]] = Counter()
         self._by_model: Counter[str] = Counter()
         self._by_model_priority: Counter[tuple[str, int]] = Counter()
+        self._by_end_user: Counter[tuple[str, str]] = Counter()
+        # a key's waiting requests of one priority, in arrival order
+        self._of_key: dict[tuple[str, int], dict[QueuedRequest, None]] = {}
 
     def add(self, request: QueuedRequest) -> None:
         self._requests[request] = None
+        if (end_user := request.end_user_of_key) is not None:
+            self._by_end_user[end_user] += 1
+            group = self._of_key.setdefault((request.client_id, request.priority), {})
+            group[request] = None
+            if self.lines.policy.fair_share and any(
+                    other.end_user != request.end_user for other in group):
+                self._deal(group, request)
         self.lines.add(request)
         self._by_client[request.client_id, request.priority] += 1
         self._by_model[request.model_id] += 1
@@ -116,13 +144,37 @@ class Backlog:
         if self._requests.pop(request, False) is False:
             return False
         self.lines.discard(request)
-        for counter, key in ((self._by_client, (request.client_id, request.priority)),
-                             (self._by_model, request.model_id),
-                             (self._by_model_priority, (request.model_id, request.priority))):
+        counted: list[tuple[Counter, object]] = [
+            (self._by_client, (request.client_id, request.priority)),
+            (self._by_model, request.model_id),
+            (self._by_model_priority, (request.model_id, request.priority))]
+        if (end_user := request.end_user_of_key) is not None:
+            counted.append((self._by_end_user, end_user))
+            group_key = (request.client_id, request.priority)
+            group = self._of_key.get(group_key, {})
+            group.pop(request, None)
+            if not group:
+                self._of_key.pop(group_key, None)
+        for counter, key in counted:
             counter[key] -= 1
             if counter[key] <= 0:
                 del counter[key]
         return True
+
+    def _deal(self, group: dict[QueuedRequest, None], arriving: QueuedRequest) -> None:
+        """Deal ``group``'s ranks again among its end users; the ones whose rank moved go
+        back into their lines (``arriving`` is not in one yet)."""
+        requests = list(group)
+        dealt = dealt_ranks([r.end_user for r in requests], [r.rank for r in requests])
+        for request, rank in zip(requests, dealt, strict=True):
+            if rank == request.rank:
+                continue
+            if request is arriving:
+                request.rerank(rank)
+                continue
+            self.lines.discard(request)
+            request.rerank(rank)
+            self.lines.add(request)
 
     def __contains__(self, request: object) -> bool:
         return request in self._requests
@@ -138,6 +190,10 @@ class Backlog:
 
     def of_client(self, client_id: str, priority: int) -> int:
         return self._by_client[client_id, priority]
+
+    def of_end_user(self, key: str, end_user: str) -> int:
+        """Waiting of ``end_user`` under ``key`` (any priority)."""
+        return self._by_end_user[key, end_user]
 
     def of_model(self, model_id: str, at_most_priority: int | None = None) -> int:
         """Waiting for ``model_id`` (of priority ≤ ``at_most_priority`` when given)."""

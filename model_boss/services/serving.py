@@ -141,6 +141,15 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
     settings = coord.settings
     plan, asker, body = await _route(coord, body, ext)
     profile = asker.profile
+    # each end user's under a key; a request that names none is the key's alone
+    end_user_limits = profile.end_user_limits \
+        if profile is not None and asker.keyed and asker.end_user else None
+    refused = coord.end_users.admit(asker.key, asker.end_user, end_user_limits) \
+        if end_user_limits is not None else None
+    if refused is not None:
+        coord.events.emit("key_refused", key=asker.key, end_user=asker.end_user,
+                          code=refused.code, path=endpoint)
+        raise refused
     task = plan.task
     budget_s = ext.budget_s if ext.budget_s is not None else (task.budget_s if task else None)
     keep_alive = ext.keep_alive_s
@@ -170,6 +179,9 @@ async def _serve(coord: Coordinator, endpoint: str, body: dict[str, Any], ext: E
             priority=effective_priority(settings, ext.priority, profile, task, manifest),
             max_concurrency=profile.max_concurrency if profile else None,
             max_queued=profile.max_queued if profile else None,
+            end_user_max_concurrency=end_user_limits.max_concurrency
+            if end_user_limits else None,
+            end_user_max_queued=end_user_limits.max_queued if end_user_limits else None,
             share=_share(profile, task), task=task and task.name, rung=task and position,
             prompt=prompt_text(body, settings.capture_prompts, settings.capture_prompt_chars),
             session=session_of(body, ext.session_id),

@@ -22,6 +22,7 @@ from .records import RecordSettings
 from .replicas import ReplicaSettings
 from .scheduling import QueueSettings
 from .tenancy import (
+    END_USER_LIMITS,
     ENDPOINT_KINDS,
     LIMITS,
     QUOTAS,
@@ -29,6 +30,7 @@ from .tenancy import (
     ClientProfile,
     Count,
     EndpointKind,
+    EndUserLimits,
     Seconds,
     TenancySettings,
 )
@@ -36,9 +38,10 @@ from .workers import DEFAULT_STAY_WARM_S, PreloadEntry, WorkerSettings
 from .yaml_file import read_yaml_mapping
 
 __all__ = [
-    "DEFAULT_STAY_WARM_S", "ENDPOINT_KINDS", "LIMITS", "LOOPBACK_ORIGINS", "QUOTAS", "RATES",
-    "CatalogSettings", "ClientProfile", "ClusterSettings", "Count", "DeclaredGPU",
-    "EdgeSettings", "EndpointKind", "MediaSettings", "MemorySettings", "PreloadEntry",
+    "DEFAULT_STAY_WARM_S", "END_USER_LIMITS", "ENDPOINT_KINDS", "LIMITS", "LOOPBACK_ORIGINS",
+    "QUOTAS", "RATES", "CatalogSettings", "ClientProfile", "ClusterSettings", "Count",
+    "DeclaredGPU", "EdgeSettings", "EndUserLimits", "EndpointKind", "MediaSettings",
+    "MemorySettings", "PreloadEntry",
     "PromptCacheSettings", "QueueSettings", "RecordSettings", "ReplicaSettings", "Seconds",
     "ServerSettings", "Settings", "TenancySettings", "WorkerSettings",
     "describe_validation_error", "load_settings", "read_yaml_mapping",

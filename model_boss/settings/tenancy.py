@@ -23,6 +23,32 @@ QUOTAS: dict[str, type] = {
     "gpu_seconds_per_month": float}
 LIMITS: dict[str, type] = {"priority_floor": int, "priority": int, "max_concurrency": int,
                            "max_queued": int, "share": float, **RATES, **QUOTAS}
+# The limits a key's profile may set on each end user under it (``end_user_limits``): the
+# same names and meanings as the key's own, counted per end user label.
+# The rates and quota of them are checked before the queue; the rest by the queue.
+END_USER_RATES: dict[str, type] = {**RATES, "tokens_per_day": int}
+END_USER_LIMITS: dict[str, type] = {"max_concurrency": int, "max_queued": int,
+                                    **END_USER_RATES}
+
+
+class EndUserLimits(BaseModel):
+    """What each end user under a key (its ``X-Client-Id``, ``user`` or
+    ``metadata.user_id``) may do, whoever it is: requests running and waiting at once, a
+    sliding minute's requests and tokens, and a UTC day's tokens. Beyond: 429 with
+    ``Retry-After``, while the key's other end users are served (docs/SECURITY.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_concurrency: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=0)
+    requests_per_minute: Count | None = None
+    tokens_per_minute: Count | None = None
+    tokens_per_day: Count | None = None
+
+    @property
+    def rated(self) -> bool:
+        """Whether it sets a rate or a quota (checked before the queue)."""
+        return any(getattr(self, name) is not None for name in END_USER_RATES)
 
 
 class ClientProfile(BaseModel):
@@ -31,7 +57,8 @@ class ClientProfile(BaseModel):
 
     ``allowed_models`` are names or globs (``qwen*``); ``endpoints`` the kinds of route it
     may call; ``priority_floor`` the most important priority it may ask for. Rates count a
-    sliding minute; quotas a UTC day or month (docs/SECURITY.md)."""
+    sliding minute; quotas a UTC day or month; ``end_user_limits`` bound each end user
+    under a key (docs/SECURITY.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +78,7 @@ class ClientProfile(BaseModel):
     audio_seconds_per_day: Seconds | None = None
     gpu_seconds_per_day: Seconds | None = None
     gpu_seconds_per_month: Seconds | None = None
+    end_user_limits: EndUserLimits | None = None  # each end user's under a key
 
 
 class TenancySettings(BaseModel):

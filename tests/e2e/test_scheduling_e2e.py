@@ -1,9 +1,11 @@
 """Scheduling users can trust, on real llama.cpp workers and a declared GPU that holds one of
 two models: aging ends starvation (and may evict what a priority-0 client left warm), fair
-share serves a single request among the first few after another client's burst, and a
-model's concurrency and queue limits make the rest wait or answer 429. Aging runs at
-0.5 s per level here so the bound is seconds, not tens of seconds. Requests carry API keys:
-the shared ``api_key`` with ``x_client_id``, or a client's own key from ``api_keys``."""
+share serves a single request among the first few after another client's burst (and after
+another end user's burst under the same key), a key's ``end_user_limits`` refuse one end
+user while another is served, and a model's concurrency and queue limits make the rest wait
+or answer 429. Aging runs at 0.5 s per level here so the bound is seconds, not tens of
+seconds. Requests carry API keys: the shared ``api_key`` with ``x_client_id``, or a client's
+own key from ``api_keys``."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ pytestmark = pytest.mark.slow
 
 AGING_S = 0.25
 SHARED = {"authorization": "Bearer k-shared"}
-KEYS = {"flood": "k-flood", "single": "k-single"}  # api_keys: each key is its client
+KEYS = {"flood": "k-flood", "single": "k-single",  # api_keys: each key is its client
+        "app": "k-app", "rated-app": "k-rated-app"}  # keys whose end users are people
+END_USER_RATE = 2  # rated-app's end users' requests per minute
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +35,9 @@ def server(tmp_path_factory, demo_gguf):
                  llama_manifest("model-c", demo_gguf, vram_mb=3000, parallel=2,
                                 max_concurrency=1, max_queued=1)]
     config = {"gpus": [{"index": 0, "name": "sim-4g", "vram_mb": 4096}],  # holds one
-              "aging_s": AGING_S, "api_key": "k-shared", "api_keys": KEYS}
+              "aging_s": AGING_S, "api_key": "k-shared", "api_keys": KEYS,
+              "clients": {"rated-app": {"end_user_limits": {
+                  "requests_per_minute": END_USER_RATE}}}}
     process = ServerProcess(tmp_path_factory.mktemp("sched"), config, manifests,
                             headers=SHARED).start()
     yield process
@@ -122,6 +128,60 @@ def test_a_single_request_after_another_clients_burst_is_among_the_first_few(ser
     assert finished.index("single") - done_before <= 3, (done_before, finished)
     served = {c["client_id"]: c["succeeded"] for c in server.status()["queue"]["clients"]}
     assert served["flood"] >= 12 and served["single"] >= 1, served
+
+
+def end_user_chat(server, key: str, end_user: str, *, by_header: bool, tokens=16,
+                  ) -> httpx.Response:
+    """A chat under ``key`` for ``end_user``: named by ``X-Client-Id``, or by ``user``."""
+    body = {"model": "model-a", "max_tokens": tokens, "ignore_eos": True, "x_priority": 5,
+            "messages": [{"role": "user", "content": "count"}]}
+    headers = {"authorization": f"Bearer {key}"}
+    if by_header:
+        headers["x-client-id"] = end_user
+    else:
+        body["user"] = end_user
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120,
+                      headers=headers)
+
+
+def test_one_end_users_single_request_after_anothers_burst_under_one_key(server):
+    """One key, two end users: the bound the test above holds between keys holds between a
+    key's end users (fair share in two levels)."""
+    assert chat(server, "model-a", "warmup").status_code == 200
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def one(end_user, tag, by_header):
+        response = end_user_chat(server, KEYS["app"], end_user, by_header=by_header)
+        assert response.status_code == 200, response.text
+        with lock:
+            finished.append(tag)
+
+    with ThreadPoolExecutor(13) as pool:
+        burst = [pool.submit(one, "ann", f"burst-{i}", True) for i in range(12)]
+        wait_for(lambda: server.status()["queue"]["depth"] >= 4, 10)
+        time.sleep(0.5 - 0.1)
+        with lock:
+            done_before = len(finished)
+        single = pool.submit(one, "bob", "single", False)
+        for future in [*burst, single]:
+            future.result()
+    assert len(finished) == 13
+    assert finished.index("single") - done_before <= 3, (done_before, finished)
+
+
+def test_an_end_user_over_its_limits_is_refused_while_another_is_served(server):
+    key = KEYS["rated-app"]
+    for _ in range(END_USER_RATE):
+        assert end_user_chat(server, key, "ann", by_header=True, tokens=2).status_code == 200
+    refused = end_user_chat(server, key, "ann", by_header=False, tokens=2)
+    assert refused.status_code == 429, refused.text
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limited"
+    assert "end user 'ann' of key 'rated-app'" in error["message"]
+    served = end_user_chat(server, key, "bob", by_header=True, tokens=2)
+    assert served.status_code == 200, served.text
 
 
 def test_max_concurrency_makes_the_rest_wait_and_max_queued_answers_429(server):

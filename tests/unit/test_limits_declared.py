@@ -1,6 +1,7 @@
-"""The limits a key may carry are declared once (settings.LIMITS, RATES, QUOTAS) and every
-reader takes them from there: a client profile, the key API's body, the keys command line,
-and the policy, which refuses on each quota by its own name."""
+"""The limits a key may carry, and those it sets on each end user under it, are declared once
+(settings.LIMITS, RATES, QUOTAS, END_USER_LIMITS) and every reader takes them from there: a
+client profile, the key API's body, the keys command line, and the policy, which refuses on
+each quota by its own name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import typing
 import pytest
 
 from model_boss.api.tenants.keys import KeyChange
+from model_boss.cli.keys import END_USER_LIMITS as CLI_END_USER_LIMITS
 from model_boss.cli.keys import LIMITS as CLI_LIMITS
-from model_boss.settings import LIMITS, QUOTAS, RATES, ClientProfile
+from model_boss.settings import (
+    END_USER_LIMITS,
+    LIMITS,
+    QUOTAS,
+    RATES,
+    ClientProfile,
+    EndUserLimits,
+)
 from model_boss.tenancy.keys import refusal
 from model_boss.tenancy.keys.policy import MinuteReading
 from model_boss.tenancy.usage import Spent
@@ -39,6 +48,17 @@ def test_every_limit_is_a_field_of_its_type(model) -> None:
 
 def test_the_command_line_takes_every_limit() -> None:
     assert CLI_LIMITS is LIMITS
+    assert CLI_END_USER_LIMITS is END_USER_LIMITS
+
+
+def test_every_end_user_limit_is_a_field_of_its_type() -> None:
+    """``end_user_limits``: declared once (settings.END_USER_LIMITS), a field of a client
+    profile and of the key API's body, each limit of the key's own name and type."""
+    fields = EndUserLimits.model_fields
+    assert {name: base_type(fields[name].annotation) for name in fields} == END_USER_LIMITS
+    assert {name: LIMITS[name] for name in END_USER_LIMITS} == END_USER_LIMITS
+    for model in (ClientProfile, KeyChange):
+        assert EndUserLimits in typing.get_args(model.model_fields["end_user_limits"].annotation)
 
 
 @pytest.mark.parametrize("quota", list(QUOTAS))

@@ -1,4 +1,5 @@
-"""Serving order, table-driven: aging, fair share among clients, warm grouping."""
+"""Serving order, table-driven: aging, fair share among clients and among one key's end
+users, warm grouping."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from model_boss.scheduling.ordering import (
     Lines,
     OrderPolicy,
     Waiter,
+    dealt_ranks,
     effective_priority,
+    end_user_turns,
     rank_on_arrival,
     serving_order,
     wait_bound_s,
@@ -101,6 +104,65 @@ def test_ranks_are_fixed_on_arrival_so_a_burst_keeps_its_places():
     remaining = burst[3:]  # three of the burst were served meanwhile
     ordered = serving_order([*remaining, single], {}, AGING)
     assert ordered.index(single) <= 1  # only burst-3 (due at +6 s) may still be ahead
+
+
+@pytest.mark.parametrize("end_users, turns", [
+    ("", []),
+    ("a", [0]),
+    ("aaa", [0, 1, 2]),
+    ("aab", [0, 1, 0]),
+    ("abab", [0, 0, 1, 1]),
+    ("aaab", [0, 1, 2, 0]),
+])
+def test_end_user_turns(end_users, turns):
+    assert end_user_turns(list(end_users)) == turns
+
+
+@pytest.mark.parametrize("case, end_users, ranks, dealt", [
+    ("one end user keeps its ranks", "aaa", [0, 1, 2], [0, 1, 2]),
+    ("one end user's ranks are put in its arrival order", "aaa", [2, 0, 1], [0, 1, 2]),
+    ("a second end user's first comes after the first's first", "aaaab", [0, 1, 2, 3, 4],
+     [0, 2, 3, 4, 1]),
+    ("after a burst partly served: the ranks held are dealt", "aaaab", [3, 4, 5, 6, 4],
+     [3, 4, 5, 6, 4]),
+    ("three end users, round-robin", "aabbc", [0, 1, 2, 3, 4], [0, 3, 1, 4, 2]),
+    ("an end user's own order is kept", "abab", [0, 1, 2, 3], [0, 1, 2, 3]),
+    ("bursts of two end users interleave", "aaabbb", [0, 1, 2, 3, 4, 5],
+     [0, 2, 4, 1, 3, 5]),
+    ("shares: the ranks are the key's, whatever they are", "aab", [0, 0.5, 1.0],
+     [0, 1.0, 0.5]),
+])
+def test_dealt_ranks(case, end_users, ranks, dealt):
+    got = dealt_ranks(list(end_users), [float(r) for r in ranks])
+    assert got == [float(r) for r in dealt], case
+    assert sorted(got) == sorted(float(r) for r in ranks), "the key's ranks are kept"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 20)), max_size=30))
+def test_dealing_keeps_the_keys_ranks_and_each_end_users_order(rows):
+    end_users, ranks = [e for e, _ in rows], [float(r) for _, r in rows]
+    dealt = dealt_ranks(end_users, ranks)
+    assert sorted(dealt) == sorted(ranks)
+    for end_user in set(end_users):
+        own = [r for e, r in zip(end_users, dealt, strict=True) if e == end_user]
+        assert own == sorted(own)
+
+
+def test_an_end_users_single_request_after_anothers_burst_under_one_key():
+    """Two levels: a key's burst from one end user, then one request from another end user
+    of the same key, is served among the first few, as between two clients."""
+    burst = []
+    for i in range(12):
+        burst.append(Waiter("m", 5, "key", i * 0.001, rank_on_arrival(burst, "key", 5)))
+    remaining = burst[3:]  # three of the burst were served meanwhile
+    single = Waiter("m", 5, "key", 1.5, rank_on_arrival(remaining, "key", 5))
+    waiting = [*remaining, single]
+    dealt = dealt_ranks(["a"] * len(remaining) + ["b"], [x.rank for x in waiting])
+    ranked = [replace(x, rank=rank) for x, rank in zip(waiting, dealt, strict=True)]
+    assert [x.submitted_at for x in serving_order(ranked, {}, AGING)].index(1.5) <= 2
+    # one level only (today's rank, the key's): it waited behind the whole burst
+    assert serving_order(waiting, {}, AGING).index(single) >= 5
 
 
 def test_wait_bound_with_one_second_loads():

@@ -11,7 +11,15 @@ from typing import Any, NamedTuple
 import pytest
 from pydantic import BaseModel, SecretStr
 
-from model_boss.settings import ClientProfile, DeclaredGPU, PreloadEntry, Settings, load_settings
+from model_boss.settings import (
+    END_USER_LIMITS,
+    ClientProfile,
+    DeclaredGPU,
+    EndUserLimits,
+    PreloadEntry,
+    Settings,
+    load_settings,
+)
 
 
 class Key(NamedTuple):
@@ -149,6 +157,18 @@ CLIENT_PROFILE_KEYS = {
     "audio_seconds_per_day": ("3600", 3600.0),
     "gpu_seconds_per_day": ("7200", 7200.0),
     "gpu_seconds_per_month": ("150000", 150000.0),
+    "end_user_limits": ('{"max_queued": 2, "tokens_per_day": 900}',
+                        EndUserLimits(max_queued=2, tokens_per_day=900)),
+}
+
+# each end user's limits under a key: clients.<name>.end_user_limits.<key> in the file, and
+# MODEL_BOSS_CLIENTS__<NAME>__END_USER_LIMITS__<KEY> (text, then value)
+END_USER_LIMIT_KEYS = {
+    "max_concurrency": ("2", 2),
+    "max_queued": ("3", 3),
+    "requests_per_minute": ("30", 30),
+    "tokens_per_minute": ("4000", 4000),
+    "tokens_per_day": ("90000", 90000),
 }
 
 # a preload entry's and a declared GPU's keys, set in the file over a valid entry
@@ -195,6 +215,7 @@ def test_the_table_covers_every_setting() -> None:
     assert {row.key for row in KEYS} == set(Settings.model_fields)
     assert len({row.variable for row in KEYS}) == len(KEYS)
     assert set(CLIENT_PROFILE_KEYS) == set(ClientProfile.model_fields)
+    assert set(END_USER_LIMIT_KEYS) == set(EndUserLimits.model_fields) == set(END_USER_LIMITS)
     assert set(PRELOAD_KEYS) == set(PreloadEntry.model_fields)
     assert set(GPU_KEYS) == set(DeclaredGPU.model_fields)
 
@@ -234,6 +255,19 @@ def test_each_client_profile_key_is_read(monkeypatch: pytest.MonkeyPatch, tmp_pa
     from_environment = load_settings()
     for settings in (from_file, from_environment):
         assert getattr(settings.clients["alice"], key) == expected
+
+
+@pytest.mark.parametrize("key", list(END_USER_LIMIT_KEYS))
+def test_each_end_user_limit_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                     key: str) -> None:
+    text, expected = END_USER_LIMIT_KEYS[key]
+    from_file = load_settings(config(
+        tmp_path, f"clients:\n  alice:\n    end_user_limits:\n      {key}: {text}\n"))
+    monkeypatch.setenv(f"MODEL_BOSS_CLIENTS__ALICE__END_USER_LIMITS__{key.upper()}", text)
+    from_environment = load_settings()
+    for settings in (from_file, from_environment):
+        limits = settings.clients["alice"].end_user_limits
+        assert limits is not None and getattr(limits, key) == expected
 
 
 @pytest.mark.parametrize("key", list(PRELOAD_KEYS))

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BadRequest
-from ...settings import ClientProfile, EndpointKind
+from ...settings import ClientProfile, EndpointKind, EndUserLimits
 from ...tenancy.keys import KeyNotFound, KeyRecord, KeyStore
 from ..errors import OpenAIError, documented
 
@@ -23,7 +23,8 @@ KeyName = Annotated[str, Path(min_length=1, max_length=64)]
 class KeyChange(BaseModel):
     """What ``PATCH /api/v1/keys/{name}`` may change (a field sent as null is cleared):
     ``models`` (names or globs), ``endpoints`` (chat, embeddings, images, audio, rerank),
-    ``admin``, ``expires_at`` (ISO 8601), and every limit of a client profile."""
+    ``admin``, ``expires_at`` (ISO 8601), and every limit of a client profile, with
+    ``end_user_limits`` (each end user's under the key)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +46,7 @@ class KeyChange(BaseModel):
     audio_seconds_per_day: float | None = Field(default=None, ge=0)
     gpu_seconds_per_day: float | None = Field(default=None, ge=0)
     gpu_seconds_per_month: float | None = Field(default=None, ge=0)
+    end_user_limits: EndUserLimits | None = None  # replaced whole when sent
 
 
 class KeyCreate(KeyChange):

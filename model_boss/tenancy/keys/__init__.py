@@ -1,6 +1,8 @@
 """Keys as tenants: who a request is (:mod:`.identity`), the keys the box takes
-(:mod:`.store`, :mod:`.record`), and what a key may do (:mod:`.policy`, :mod:`.windows`)."""
+(:mod:`.store`, :mod:`.record`), and what a key, and each end user under it, may do
+(:mod:`.policy`, :mod:`.windows`, :mod:`.end_users`)."""
 
+from .end_users import EndUserAdmission, EndUserSpentReader
 from .exposure import exposure_warning
 from .identity import (
     Identity,
@@ -20,7 +22,8 @@ from .record import KeyRecord, hash_secret
 from .store import ADMIN_KEY_NAME, SHARED_KEY_NAME, KeyNotFound, KeyStore
 from .windows import MinuteWindows
 
-__all__ = ["ADMIN_KEY_NAME", "SHARED_KEY_NAME", "Identity", "KeyNotFound",
+__all__ = ["ADMIN_KEY_NAME", "SHARED_KEY_NAME", "EndUserAdmission", "EndUserSpentReader",
+           "Identity", "KeyNotFound",
            "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows",
            "end_user_label", "exposure_warning", "floored_priority", "hash_secret", "identity_of",
            "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]

@@ -60,18 +60,20 @@ def next_month(now: float) -> float:
 
 
 def refusal(name: str, profile: ClientProfile, *, now: float, minute: MinuteReading,
-            day: Spent, month: Spent) -> ModelBossError | None:
+            day: Spent, month: Spent, holder: str | None = None) -> ModelBossError | None:
     """Why one more request of the key ``name`` may not start now (a 429 whose Retry-After
     is when it could), else None. Quotas count what is spent; a request is let in while the
     spent figure is under the quota, so requests running at once overspend by their own
-    use at most."""
+    use at most. ``holder`` names whose limits they are in the message (else the key:
+    an end user under a key is refused by the same rule)."""
     p = profile
+    holder = holder or f"key '{name}'"
     if p.requests_per_minute is not None and len(minute.request_times) >= p.requests_per_minute:
         # the window frees when the request that fills it is a minute old
         times = sorted(minute.request_times)
         frees = times[len(times) - p.requests_per_minute] + MINUTE_S \
             if p.requests_per_minute else now + MINUTE_S
-        return _rate(name, f"{p.requests_per_minute} requests per minute", frees - now)
+        return _rate(holder, f"{p.requests_per_minute} requests per minute", frees - now)
     if p.tokens_per_minute is not None and minute.tokens >= p.tokens_per_minute:
         left, frees = minute.tokens, now + MINUTE_S
         for at, n in sorted(minute.token_events):
@@ -79,7 +81,7 @@ def refusal(name: str, profile: ClientProfile, *, now: float, minute: MinuteRead
             if left < p.tokens_per_minute:
                 frees = at + MINUTE_S
                 break
-        return _rate(name, f"{p.tokens_per_minute} tokens per minute", frees - now)
+        return _rate(holder, f"{p.tokens_per_minute} tokens per minute", frees - now)
     tomorrow, next_month_at = day_start(now) + 86400, next_month(now)
     for limit, spent, what, resets in (
             (p.tokens_per_day, day.tokens, "tokens_per_day", tomorrow),
@@ -92,14 +94,14 @@ def refusal(name: str, profile: ClientProfile, *, now: float, minute: MinuteRead
         if limit is not None and spent >= limit:
             reset = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resets))
             error = QuotaExceeded(
-                f"key '{name}' has used its quota {what}={limit:g} ({spent:g} used); it "
+                f"{holder} has used its quota {what}={limit:g} ({spent:g} used); it "
                 f"resets at {reset}", param=what, retry_after_s=max(1.0, resets - now))
             error.details = {"quota": what, "limit": limit, "used": spent, "resets_at": reset}
             return error
     return None
 
 
-def _rate(name: str, limit: str, wait_s: float) -> RateLimited:
+def _rate(holder: str, limit: str, wait_s: float) -> RateLimited:
     wait_s = max(1.0, wait_s)
-    return RateLimited(f"key '{name}' is over its rate of {limit}; try again in "
+    return RateLimited(f"{holder} is over its rate of {limit}; try again in "
                        f"{wait_s:.0f}s", retry_after_s=wait_s)

@@ -1,11 +1,15 @@
-"""MinuteWindows: each key's last minute of admitted requests and used tokens, for the rate
-limits (:func:`~.policy.refusal` decides over a reading of them)."""
+"""MinuteWindows: each key's (and each end user's under a key) last minute of admitted
+requests and used tokens, for the rate limits (:func:`~.policy.refusal` decides over a
+reading of them)."""
 
 from __future__ import annotations
 
 from collections import deque
 
 from .policy import MINUTE_S, MinuteReading
+
+# whose minute: a key's name, or (key, end user) for an end user under it
+WindowName = str | tuple[str, str]
 
 
 class MinuteWindows:
@@ -17,19 +21,19 @@ class MinuteWindows:
     is taken at once, on the loop, before anything else changes them."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, deque[float]] = {}
-        self._tokens: dict[str, deque[tuple[float, int]]] = {}
-        self._token_sums: dict[str, int] = {}
+        self._requests: dict[WindowName, deque[float]] = {}
+        self._tokens: dict[WindowName, deque[tuple[float, int]]] = {}
+        self._token_sums: dict[WindowName, int] = {}
 
-    def admitted(self, key: str, now: float) -> None:
+    def admitted(self, key: WindowName, now: float) -> None:
         self._requests.setdefault(key, deque()).append(now)
 
-    def used(self, key: str, now: float, tokens: int) -> None:
+    def used(self, key: WindowName, now: float, tokens: int) -> None:
         if tokens > 0:
             self._tokens.setdefault(key, deque()).append((now, tokens))
             self._token_sums[key] = self._token_sums.get(key, 0) + tokens
 
-    def reading(self, key: str, now: float) -> MinuteReading:
+    def reading(self, key: WindowName, now: float) -> MinuteReading:
         since = now - MINUTE_S
         requests = self._requests.get(key)
         while requests and requests[0] <= since:

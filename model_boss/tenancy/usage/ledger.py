@@ -19,7 +19,7 @@ from . import schema
 from .periods import HOUR_S, hour_of
 from .query import UsageQuery, group_names, run_query
 from .row import UsageRow
-from .totals import KEPT_S, HourlyTotals, Spent
+from .totals import KEPT_S, HourlyTotals, Spender, Spent
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,10 @@ class UsageLedger:
         """What ``key`` used from ``since`` on (whole hours, up to 31 days back), from the
         totals in memory."""
         return self._totals.spent(key, since)
+
+    def end_user_spent(self, key: str, end_user: str, since: float) -> Spent:
+        """What ``end_user`` under ``key`` used from ``since`` on, as :meth:`spent`."""
+        return self._totals.spent((key, end_user), since)
 
     @property
     def waiting(self) -> int:
@@ -246,15 +250,23 @@ class UsageLedger:
     def _insert(self, rows: list[UsageRow]) -> None:
         schema.insert(self._open(), rows)
 
-    def _seed_rows(self, since: float) -> list[tuple[str, int, Spent]]:
+    def _seed_rows(self, since: float) -> list[tuple[Spender, int, Spent]]:
+        """Each key's hours since ``since``, then each end user's under a key."""
         conn = self._open()
-        found = conn.execute(
-            f"SELECT key, CAST(at / {HOUR_S} AS INTEGER) AS hour, COUNT(*), "
-            "SUM(prompt_tokens + completion_tokens), SUM(images), SUM(audio_seconds), "
-            "SUM(gpu_seconds) FROM usage WHERE at >= ? GROUP BY key, hour",
-            (hour_of(since) * HOUR_S,))
-        return [(key, hour, Spent(n, tokens, images, audio, gpu))
-                for key, hour, n, tokens, images, audio, gpu in found]
+        sums = ("COUNT(*), SUM(prompt_tokens + completion_tokens), SUM(images), "
+                "SUM(audio_seconds), SUM(gpu_seconds)")
+        hour = f"CAST(at / {HOUR_S} AS INTEGER) AS hour"
+        start = (hour_of(since) * HOUR_S,)
+        found: list[tuple[Spender, int, Spent]] = [
+            (key, at, Spent(n, tokens, images, audio, gpu))
+            for key, at, n, tokens, images, audio, gpu in conn.execute(
+                f"SELECT key, {hour}, {sums} FROM usage WHERE at >= ? GROUP BY key, hour",
+                start)]
+        found += [((key, end_user), at, Spent(n, tokens, images, audio, gpu))
+                  for key, end_user, at, n, tokens, images, audio, gpu in conn.execute(
+                      f"SELECT key, end_user, {hour}, {sums} FROM usage WHERE at >= ? AND "
+                      "key != '' AND end_user != '' GROUP BY key, end_user, hour", start)]
+        return found
 
     def _close(self) -> None:
         if self._conn is not None:

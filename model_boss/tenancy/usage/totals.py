@@ -1,5 +1,6 @@
-"""Running totals per key and hour, kept in memory for admission: what a key has spent since
-a moment, without touching the database."""
+"""Running totals per key and hour, and per end user under a key, kept in memory for
+admission: what a key (or one of its end users) has spent since a moment, without touching
+the database."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from .row import UsageRow
 KEPT_S = 31 * 86400
 PRUNE_AFTER_S = KEPT_S + 86400
 HOURS_A_DAY = 24
+
+# whose totals: a key's name, or (key, end user) for an end user under it
+Spender = str | tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,30 +51,34 @@ class _Bucket:
 
 
 class HourlyTotals:
-    """Per-key, per-hour sums, and per-key, per-day sums of those hours. ``spent(key,
-    since)`` counts whole hours: the hour holding ``since`` is counted in full (day and month
-    starts fall on an hour, so those are exact; anything else errs towards more spent, never
-    less). It adds whole days, and the hours before the first of them: asked twice on every
-    keyed request, it reads at most 32 days and 23 hours, not the 744 hours of a month."""
+    """Per-key, per-hour sums, and per-key, per-day sums of those hours; the same per
+    (key, end user) for rows that name an end user under a key. ``spent(key, since)``
+    counts whole hours: the hour holding ``since`` is counted in full (day and month starts
+    fall on an hour, so those are exact; anything else errs towards more spent, never less).
+    It adds whole days, and the hours before the first of them: asked twice on every keyed
+    request, it reads at most 32 days and 23 hours, not the 744 hours of a month."""
 
     def __init__(self) -> None:
-        self._keys: dict[str, dict[int, _Bucket]] = {}
-        self._days: dict[str, dict[int, _Bucket]] = {}
+        self._keys: dict[Spender, dict[int, _Bucket]] = {}
+        self._days: dict[Spender, dict[int, _Bucket]] = {}
         self._pruned_hour = 0
 
     def add(self, row: UsageRow) -> None:
         hour = hour_of(row.at)
         if hour > self._pruned_hour:
             self._prune(hour)
-        self._add(row.key, hour, 1, row.prompt_tokens + row.completion_tokens, row.images,
-                  row.audio_seconds, row.gpu_seconds)
+        spenders: tuple[Spender, ...] = (row.key, (row.key, row.end_user)) \
+            if row.key and row.end_user else (row.key,)
+        for spender in spenders:
+            self._add(spender, hour, 1, row.prompt_tokens + row.completion_tokens, row.images,
+                      row.audio_seconds, row.gpu_seconds)
 
-    def seed(self, key: str, hour: int, spent: Spent) -> None:
+    def seed(self, key: Spender, hour: int, spent: Spent) -> None:
         """Add what the database holds for ``key`` in ``hour`` (at start)."""
         self._add(key, hour, spent.requests, spent.tokens, spent.images, spent.audio_seconds,
                   spent.gpu_seconds)
 
-    def spent(self, key: str, since: float) -> Spent:
+    def spent(self, key: Spender, since: float) -> Spent:
         first = hour_of(since)
         first_day = -(-first // HOURS_A_DAY)  # the first day that starts at or after it
         whole_from = first_day * HOURS_A_DAY
@@ -87,7 +95,7 @@ class HourlyTotals:
             gpu += bucket.gpu_seconds
         return Spent(requests, tokens, images, audio, gpu)
 
-    def _add(self, key: str, hour: int, requests: int, tokens: int, images: int,
+    def _add(self, key: Spender, hour: int, requests: int, tokens: int, images: int,
              audio_seconds: float, gpu_seconds: float) -> None:
         """Add to the hour's sums and to its day's."""
         for buckets, at in ((self._keys, hour), (self._days, hour // HOURS_A_DAY)):
