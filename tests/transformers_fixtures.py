@@ -1,8 +1,9 @@
 """Tiny random-weight models for the transformers worker, built here with ``save_pretrained``:
 a sentence-transformers embedder (BERT, mean pooling) and a CrossEncoder reranker (BERT with
 one label) over a small WordPiece vocabulary, a Wav2Vec2 CTC recogniser over letters, a
-Whisper recogniser over a byte-level vocabulary with its special and timestamp tokens, and a
-VITS voice over letters: every vocabulary written by the test. No hub access."""
+Whisper recogniser over a byte-level vocabulary with its special and timestamp tokens, a
+VITS voice over letters, and a VibeVoice over bytes with reference voices in its ``voices/``
+folder: every vocabulary written by the test. No hub access."""
 
 from __future__ import annotations
 
@@ -184,6 +185,129 @@ def build_voice(path: Path) -> Path:
         depth_separable_num_layers=2, sampling_rate=16000)
     VitsModel(config).save_pretrained(path)
     return path
+
+
+# the chat template VibeVoice's checkpoints ship: the reference voices first, then the script
+VIBEVOICE_TEMPLATE = """\
+{%- set system_prompt = system_prompt | default(" Transform the text provided by various \
+speakers into speech output, utilizing the distinct voice of each respective speaker.\\n") -%}
+{{ system_prompt -}}
+{%- set audio_bos_token = audio_bos_token | default("<|vision_start|>") %}
+{%- set audio_eos_token = audio_eos_token | default("<|vision_end|>") %}
+{%- set audio_token = audio_token | default("<|vision_pad|>") %}
+{%- set ns = namespace(speakers_with_audio="") %}
+{%- for message in messages %}
+    {%- set role = message['role'] %}
+    {%- set content = message['content'] %}
+    {%- set has_audio = content | selectattr('type', 'equalto', 'audio') | list | length > 0 %}
+    {%- if has_audio and role not in ns.speakers_with_audio %}
+        {%- set ns.speakers_with_audio = ns.speakers_with_audio + role + "," %}
+    {%- endif %}
+{%- endfor %}
+
+{%- if ns.speakers_with_audio %}
+{{ " Voice input:\\n" }}
+{%- for speaker in ns.speakers_with_audio.rstrip(',').split(',') %}
+{%- if speaker %}
+ Speaker {{ speaker }}:{{ audio_bos_token }}{{ audio_token }}{{ audio_eos_token }}{{ "\\n" }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+ Text input:{{ "\\n" }}
+
+{%- for message in messages %}
+    {%- set role = message['role'] %}
+    {%- set text_items = message['content'] | selectattr('type', 'equalto', 'text') | list %}
+    {%- for item in text_items %}
+ Speaker {{ role }}: {{ item['text'] }}{{ "\\n" }}
+    {%- endfor %}
+{%- endfor %}
+ Speech output:{{ "\\n" }}{{ audio_bos_token }}"""
+VIBEVOICE_VOICES = {"alice": 220.0, "bob": 330.0}  # the folder's voices: name → tone (Hz)
+
+
+def build_vibevoice(path: Path) -> Path:
+    """A VibeVoice (two Qwen2 layers of width 32, an acoustic codec with a hop of 800
+    samples at 24 kHz, one diffusion layer and two diffusion steps) with its processor, and
+    two reference voices in ``voices/``. Its language head is zero, so every step's argmax is
+    the lowest valid id, which the vocabulary makes the audio token: it speaks until
+    ``max_new_tokens`` (24 tokens: 0.8 s), and the diffusion head (seeded noise, conditioned
+    on the voices) makes the audio."""
+    import torch
+    from transformers import (
+        Qwen2TokenizerFast,
+        VibeVoiceAcousticTokenizerFeatureExtractor,
+        VibeVoiceConfig,
+        VibeVoiceForConditionalGeneration,
+        VibeVoiceProcessor,
+    )
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    path.mkdir(parents=True, exist_ok=True)
+    audio, bos, eos, end = "<|vision_pad|>", "<|vision_start|>", "<|vision_end|>", \
+        "<|endoftext|>"
+    vocab = {token: i for i, token in enumerate((audio, bos, eos, end))}
+    for char in bytes_to_unicode().values():
+        vocab[char] = len(vocab)
+    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=[], unk_token=end, eos_token=end,
+                                   pad_token=end)
+    tokenizer.add_special_tokens({"additional_special_tokens": [bos, eos, audio]})
+    hop = [10, 10, 8]  # 800 samples a token
+    features = VibeVoiceAcousticTokenizerFeatureExtractor(sampling_rate=24000,
+                                                          pad_to_multiple_of=800)
+    VibeVoiceProcessor(feature_extractor=features, tokenizer=tokenizer,
+                       chat_template=VIBEVOICE_TEMPLATE).save_pretrained(path)
+    codec = {"hidden_size": 8, "kernel_size": 3, "num_filters": 4, "downsampling_ratios": hop,
+             "depths": [1, 1, 1, 1]}
+    ids = tokenizer.convert_tokens_to_ids
+    torch.manual_seed(5)
+    config = VibeVoiceConfig(
+        text_config={"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": len(tokenizer),
+                     "max_position_embeddings": 4096, "tie_word_embeddings": False},
+        audio_config={"model_type": "vibevoice_acoustic_tokenizer", **codec},
+        semantic_model_config={"model_type": "vibevoice_acoustic_tokenizer_encoder", **codec},
+        diffusion_head_config={"num_hidden_layers": 1, "intermediate_size": 32,
+                               "frequency_embedding_size": 16},
+        pad_token_id=ids(end), eos_token_id=ids(end), audio_bos_token_id=ids(bos),
+        audio_eos_token_id=ids(eos), audio_token_id=ids(audio))
+    model = VibeVoiceForConditionalGeneration(config)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+        # the codec's own init (std 0.01, layer scales 1e-6) makes every voice the same
+        # features: scaled so that two recordings are told apart
+        for name, weight in model.model.audio_tower.named_parameters():
+            if "gamma" in name:
+                weight.fill_(1.0)
+            elif weight.dim() > 1:
+                weight.normal_(0, weight[0].numel() ** -0.5)
+    model.generation_config.max_new_tokens = 24
+    model.generation_config.num_diffusion_steps = 2
+    model.save_pretrained(path)
+    (path / "voices").mkdir()
+    for name, tone in VIBEVOICE_VOICES.items():
+        (path / "voices" / f"{name}.wav").write_bytes(tone_clip(1.0, tone))
+    return path
+
+
+def tone_clip(seconds: float, tone: float, rate: int = 24000) -> bytes:
+    """A WAV of one tone with a little noise (a stand-in for a speaker's recording)."""
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    noise = np.random.default_rng(int(tone)).normal(0, 0.02, t.size)
+    samples = 0.3 * np.sin(2 * np.pi * tone * t) + noise
+    out = io.BytesIO()
+    with wave.open(out, "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return out.getvalue()
 
 
 # an upload's file type → (container, codec) FFmpeg writes it with

@@ -14,7 +14,19 @@ from ..services.media.audio import UPLOAD_PATHS
 from ..services.media.sdapi import IMG2IMG
 from ..services.media.videos import VIDEOS
 from ..settings import Settings, load_settings
-from . import admin, anthropic, dashboard, history, jobs, leases, llamacpp, ollama, openai, pulls
+from . import (
+    admin,
+    anthropic,
+    dashboard,
+    history,
+    jobs,
+    leases,
+    llamacpp,
+    ollama,
+    openai,
+    pulls,
+    voices,
+)
 from .errors import install_error_handlers
 from .media import images as media_images
 from .media import sdapi, videos
@@ -89,15 +101,15 @@ def create_app(settings: Settings | None = None, *,
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
     routers = [module.router for module in (openai, media_images, sdapi, videos, anthropic,
                                             llamacpp, ollama, admin, history, pulls, jobs, leases,
-                                            tenant_keys, tenant_usage, dashboard)]
+                                            tenant_keys, tenant_usage, voices, dashboard)]
     for router in routers:
         app.include_router(router)
     take_direct_routes(app, [route for router in routers for route in router.routes])
     return app
 
 
-# pictures and clips sent in: bounded as uploads are (max_upload_bytes), not as JSON bodies
-MEDIA_UPLOADS = frozenset({EDITS, VIDEOS, IMG2IMG})
+# pictures, clips and voices sent in: bounded as uploads are (max_upload_bytes), not as JSON
+MEDIA_UPLOADS = frozenset({EDITS, VIDEOS, IMG2IMG, voices.VOICES_PATH})
 
 
 def queued_paths() -> frozenset[str]:

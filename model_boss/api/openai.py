@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
 from ..catalog import CatalogEntry
+from ..catalog.voices import clones_voices, voice_store
 from ..errors import BadRequest, ModelBossError, ModelNotFound
 from ..services import (
     FILES_PATH,
@@ -115,6 +116,9 @@ def _model_card(request: Request, entry: CatalogEntry) -> dict[str, Any]:
     }
     if m.base:  # a LoRA adapter, served on its base's worker
         card["base"] = m.base
+    elif clones_voices(entry.path):  # a VibeVoice: the reference voices it speaks in
+        store = voice_store(coord.settings.state_path)
+        card["voices"] = [v.name for v in store.voices(m.id, entry.path)]
     return card
 
 

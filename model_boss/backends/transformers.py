@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 
 from ..catalog.manifest import Category, ModelManifest
+from ..catalog.voices import clones_voices, voice_store
+from ..endpoints import SPEECH
 from ..errors import BadRequest
 from ..gpu.placement import Placement
 from .base import HttpWorkerBackend, UpstreamResponse
@@ -78,6 +80,8 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
             raise BadRequest(f"'{self.manifest.id}' is a model of kind "
                              f"'{self.manifest.category}'; it serves {routes}",
                              param="model", code="unsupported_endpoint")
+        if endpoint == SPEECH and clones_voices(self.entry.path):
+            body = await asyncio.to_thread(self._with_recordings, body)
         request_id = uuid.uuid4().hex
         sent = {**body, "model": self.manifest.id, "request_id": request_id}
         try:
@@ -92,6 +96,16 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
         if answer.stream is not None:
             answer.stream = self._cancelled_when_left(answer.stream, request_id)
         return answer
+
+    def _with_recordings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A voice-cloning model's request with its voices' recordings (``voice_audio``),
+        read here from the model's folder and the daemon's added voices: the worker gets
+        audio, never a path; a name the model has not is a 400 naming the field."""
+        param = "voices" if body.get("voices") is not None else "voice"
+        names = body["voices"] if param == "voices" else [body.get("voice") or ""]
+        store = voice_store(self.settings.state_path)
+        return {**body, "voice_audio": store.recordings(self.manifest.id, self.entry.path,
+                                                        names, param)}
 
     def gathering(self) -> Gathering:
         if self._gathering is None:

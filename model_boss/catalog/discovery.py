@@ -11,7 +11,8 @@ A folder with a ``config.json`` and its weights, as ``save_pretrained`` (or a hu
 leaves it, is a transformers model when its files say which kind: a sentence-transformers
 folder (``modules.json``) embeds, or reranks when it is a CrossEncoder; a sequence classifier
 with one label reranks; Whisper and CTC models (Wav2Vec2, HuBERT) transcribe; VITS models
-(MMS-TTS) speak. Other transformers folders (a causal LM, a classifier with several labels)
+(MMS-TTS) and VibeVoice speak (a VibeVoice in the voices of the recordings in its ``voices/``
+folder, :mod:`.voices`). Other transformers folders (a causal LM, a classifier with several labels)
 are not models here. Like a pipeline, a model's folder is not looked into further.
 """
 
@@ -82,7 +83,8 @@ def transformers_kind(folder: Path, files: list[str]) -> Category | None:
     model_type = config.get("model_type")
     if model_type == "whisper" or any(a.endswith(SPEECH_RECOGNISERS) for a in architectures):
         return Category.STT
-    if model_type == "vits" or "VitsModel" in architectures:
+    if model_type in ("vits", "vibevoice") or any(
+            a in ("VitsModel", "VibeVoiceForConditionalGeneration") for a in architectures):
         return Category.TTS
     labels = config.get("id2label") or {}
     if any(a.endswith("ForSequenceClassification") for a in architectures) and (

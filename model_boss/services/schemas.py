@@ -222,6 +222,12 @@ class SpeechRequest(OpenAIRequest):
     voice: str | None = None
     speed: Number | None = Field(default=None, ge=0.25, le=4.0)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] | None = None
+    voices: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, max_length=4,
+        description="a voice-cloning model's (VibeVoice): one reference voice per speaker "
+                    "of a script ('Speaker 1: ...' lines), in order; 'voice' is then not read")
+    seed: Int | None = Field(default=None, ge=0, le=2**63 - 1,
+                             description="the same seed, input and voices give the same audio")
 
 
 class TranscriptionRequest(OpenAIRequest):

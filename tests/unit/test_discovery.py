@@ -104,6 +104,9 @@ TRANSFORMERS_FOLDERS = {  # name: (files, the kind it serves or None)
                   "pytorch_model.bin": ""}, "stt"),
     "mms-tts-eng": ({"config.json": {"architectures": ["VitsModel"], "model_type": "vits"},
                      "model.safetensors": ""}, "tts"),
+    "vibevoice-7b-hf": ({"config.json": {"architectures": [
+        "VibeVoiceForConditionalGeneration"], "model_type": "vibevoice"},
+        "model-00001-of-00004.safetensors": ""}, "tts"),
     "sharded": ({"config.json": {"model_type": "whisper"},
                  "model-00001-of-00002.safetensors": "",
                  "model.safetensors.index.json": {}}, "stt"),

@@ -9,7 +9,10 @@
                           timestamp_granularities?} (stt task): json, text, srt, vtt or
                           verbose_json, as OpenAI answers
     POST /v1/audio/speech {input, voice?, speed?, response_format?} (tts task): audio, streamed
-                          sentence by sentence where the format allows
+                          sentence by sentence where the format allows; a VibeVoice reads
+                          ``input`` as a script and speaks it in reference voices:
+                          {voices?, voice_audio: [base64 recording per speaker], seed?}
+                          (workers/transformers/vibevoice.py), streamed as generated
     POST /batch           {path, parts: [body, ...]}: embedding or rerank requests gathered by
                           the coordinator, answered framed (workers/transformers/parts.py)
     POST /cancel          {"request_id"} (every model request takes an optional
@@ -34,7 +37,7 @@ import base64
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, Literal
 
@@ -56,6 +59,7 @@ from .engine import Busy, Engine, NotLoaded
 from .errors import WorkerError
 from .options import load_args
 from .parts import add_batch_route
+from .vibevoice import read_script, spoken, voice_samples
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +116,12 @@ class SpeechBody(BaseModel):
     voice: str | None = None
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    # a voice-cloning model's (VibeVoice): one voice name per speaker, and the coordinator's
+    # recordings for them (base64 files, in the same order)
+    voices: list[Annotated[StrictStr, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1)
+    voice_audio: list[StrictStr] | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     model: str | None = None
     request_id: RequestId = None
 
@@ -281,6 +291,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
     @app.post("/v1/audio/speech")
     async def speak(body: SpeechBody) -> Response:
         _serves("tts")
+        if engine.clones_voices:
+            return await speak_in_voices(body)
         speaker = speech.speaker(body.voice, engine.speakers)
         if body.speed != 1.0 and not engine.sets_speed:
             raise WorkerError(400, "speed: this model speaks at one speed; send 1.0",
@@ -295,13 +307,44 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                                               speaker=speaker, ticket=ticket)
             return encoder.add(samples)
 
+        async def audio() -> AsyncIterator[bytes]:
+            for text in pieces:
+                yield await piece(text)
+            yield encoder.close()
+
+        return await answer_audio(audio(), encoder, ticket)
+
+    async def speak_in_voices(body: SpeechBody) -> Response:
+        """A VibeVoice: the script in its reference voices, streamed as it is generated."""
+        param = "voices" if body.voices is not None else "voice"
+        names = body.voices if body.voices is not None else [body.voice or ""]
+        if body.voice_audio is None or len(body.voice_audio) != len(names):
+            raise WorkerError(400, f"{param}: this model speaks in reference voices; name "
+                              "them (the coordinator sends their recordings)",
+                              "invalid_value", param)
+        if body.speed != 1.0:
+            raise WorkerError(400, "speed: this model speaks at one speed; send 1.0",
+                              "invalid_value", "speed")
+        script = read_script(body.input, len(names), param)
+        rate = engine.rate or 24000
+        voices = await asyncio.to_thread(voice_samples, body.voice_audio, names, param, rate)
+        encoder = Encoder(body.response_format, rate)
+        ticket = tickets.open(body.request_id)
+        audio = spoken(lambda heard: engine.speak_in_voices(script, voices, body.seed, heard,
+                                                            ticket), encoder, ticket.cancel)
+        return await answer_audio(audio, encoder, ticket)
+
+    async def answer_audio(audio: AsyncIterator[bytes], encoder: Encoder,
+                           ticket: Ticket) -> Response:
+        """Encoded audio as the answer: whole in the formats written whole, else streamed
+        once its first piece is made (a failure before that is a status; after it, the
+        stream ends short). A stream keeps its ticket till it ends."""
         streaming = False
         try:
-            first = await piece(pieces[0])  # a failure before the answer starts is a status
             if not encoder.streamable:
-                rest = [await piece(text) for text in pieces[1:]]
-                return Response(first + b"".join(rest) + encoder.close(),
+                return Response(b"".join([piece async for piece in audio]),
                                 media_type=encoder.content_type)
+            first = await anext(audio)
             streaming = True
         except Cancelled:
             tickets.close(ticket, stopped=True)
@@ -313,12 +356,13 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         async def stream():
             try:
                 yield first
-                for text in pieces[1:]:
-                    yield await piece(text)
-                yield encoder.close()
+                async for piece in audio:
+                    yield piece
                 response.finished = True
             except Cancelled:  # the answer has begun: it ends short
                 return
+            finally:
+                await audio.aclose()  # type: ignore[attr-defined]
 
         response = speech.EndingStream(
             stream(), lambda finished: tickets.close(ticket, stopped=not finished),

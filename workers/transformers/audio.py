@@ -26,8 +26,30 @@ FORMATS: dict[str, tuple[str | None, str, str, bool, str]] = {
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 
 
+# a reference voice: long enough to hear the speaker in, short enough for the model's prompt
+# (VibeVoice reads about 7.5 of its tokens a second of it); quieter than this peak is silence
+SHORTEST_VOICE_S = 0.5
+LONGEST_VOICE_S = 60.0
+SILENCE_PEAK = 1e-3
+
+
 class AudioError(ValueError):
     """The upload is not audio FFmpeg can read, or holds no sound."""
+
+
+def voice_problem(samples: np.ndarray, rate: int) -> str | None:
+    """Why decoded ``samples`` cannot be a reference voice (too short, too long, silent);
+    None when they can. The coordinator checks a voice added live with it, the worker one
+    read from a model's folder."""
+    seconds = samples.size / rate
+    if seconds < SHORTEST_VOICE_S:
+        return f"the recording is {seconds:.2f} s long; a voice needs {SHORTEST_VOICE_S:g} s"
+    if seconds > LONGEST_VOICE_S:
+        return (f"the recording is {seconds:.1f} s long; a voice is at most "
+                f"{LONGEST_VOICE_S:g} s")
+    if float(np.max(np.abs(samples))) < SILENCE_PEAK:
+        return "the recording is silent"
+    return None
 
 
 def decode(data: bytes, rate: int, check: Callable[[], None] | None = None) -> np.ndarray:

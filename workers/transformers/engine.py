@@ -1,6 +1,7 @@
 """The model: a sentence-transformers embedder, a CrossEncoder reranker, or one of transformers'
 speech pipelines (recognition: Whisper, Wav2Vec2 and the other CTC models; synthesis: VITS/MMS
-and the others its text-to-speech pipeline loads), loaded from a local folder as the library
+and the others its text-to-speech pipeline loads), or a VibeVoice (voices cloned from
+reference recordings: workers/transformers/vibevoice.py), loaded from a local folder as the library
 loads a downloaded one; moved between the device and CPU RAM."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..process import collector_paused
 from .options import WorkerOptions
+from .vibevoice import VibeVoice, is_vibevoice
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,11 @@ class Engine:
     def _pipeline(self, torch: Any) -> Any:
         from transformers import pipeline
 
+        if self.options.task == "tts" and is_vibevoice(self.options.model or ""):
+            dtype = getattr(torch, self.options.dtype) if self.options.dtype != "auto" else None
+            voice = VibeVoice(self.options.model or "", self.device, dtype)
+            self.rate = voice.rate
+            return voice
         kind = {"stt": "automatic-speech-recognition", "tts": "text-to-speech"}[
             self.options.task]
         dtype = getattr(torch, self.options.dtype) if self.options.dtype != "auto" else None
@@ -160,6 +167,20 @@ class Engine:
         else:
             self.rate = pipe.sampling_rate
         return pipe
+
+    @property
+    def clones_voices(self) -> bool:
+        """A VibeVoice: it speaks scripts in reference voices."""
+        return isinstance(self.model, VibeVoice)
+
+    def speak_in_voices(self, script: Any, voices: list[Any], seed: int | None,
+                        heard: Any, ticket: Any) -> None:
+        """A VibeVoice's speech, chunk by chunk to ``heard``; a cancel of ``ticket`` stops it
+        before its next chunk."""
+        with self._lock:
+            self._ready()
+            ticket.check()  # cancelled while it waited for the model
+            self.model.speak(script, voices, seed, heard, ticket.check)
 
     @property
     def speakers(self) -> int:

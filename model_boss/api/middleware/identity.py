@@ -25,9 +25,10 @@ from .keys import KeyCheck, check_key, given_key, identity
 
 METRICS_PATH = "/metrics"
 OPEN_PATHS = {"/health", METRICS_PATH}
-# under /api/, yet any key may use them, on its own: its usage, its jobs
+# under /api/, yet any key may use them, on its own: its usage, its jobs, and the reference
+# voices of the models in its scope (input to those models, as a request's text is)
 USER_API_PATHS = {"/api/v1/usage"}
-USER_API_PREFIXES = ("/api/v1/jobs",)
+USER_API_PREFIXES = ("/api/v1/jobs", "/api/v1/voices")
 # The dashboard's static files: no state, no secret; the page asks for a key when the API does.
 OPEN_PREFIXES = ("/ui/",)
 
