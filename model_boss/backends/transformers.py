@@ -82,6 +82,10 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
                              param="model", code="unsupported_endpoint")
         if endpoint == SPEECH and clones_voices(self.entry.path):
             body = await asyncio.to_thread(self._with_recordings, body)
+        elif endpoint == SPEECH and body.get("voices") is not None:
+            raise BadRequest(f"voices: '{self.manifest.id}' speaks one voice of its own at a "
+                             "time (voice); voices names reference voices for a script's "
+                             "speakers, on a voice-cloning model (VibeVoice)", param="voices")
         request_id = uuid.uuid4().hex
         sent = {**body, "model": self.manifest.id, "request_id": request_id}
         try:

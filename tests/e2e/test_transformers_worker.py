@@ -438,6 +438,8 @@ def test_a_chat_model_asked_for_embeddings_names_the_field_and_the_models_that_d
     ({"input": ""}, "input"),
     ({"input": "hi", "speed": 9}, "speed"),
     ({"input": "hi", "response_format": "ogg"}, "response_format"),
+    # reference voices for a script's speakers: a voice-cloning model's, not a VITS voice's
+    ({"input": "Speaker 1: hi", "voices": ["alice"]}, "voices"),
 ])
 def test_bad_speech_requests_are_400s(server, body, param):
     answer = httpx.post(server.url + "/v1/audio/speech", timeout=60,
