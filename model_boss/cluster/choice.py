@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..scheduling.planner import Demand, Evict, Fit, Never, Wait, plan
 from ..scheduling.replicas.choice import prefix_holder
-from ..slot_key import SlotKey, model_of, slot_key
+from ..slot_key import SlotKey, model_of
 from .records import MemberRecord, SlotRecord
 
 ON_THE_WAY = ("loading", "offloaded", "offloading", "draining")
@@ -114,8 +114,7 @@ def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
     Needs no estimate of the model, so a warm request costs no more than this. ``prefix``:
     the request's chained prompt-block hashes (empty: no preference by cache)."""
     serving = [m for m in members if model in m.models]
-    first = slot_key(model)  # the copy rules 1 and 2 look for: the model's first
-    ready = [(m, s) for m in serving if (s := m.slot(first)) is not None and s.state == "ready"]
+    ready = [(m, s) for m in serving if (s := _best_copy(m, model, ("ready",))) is not None]
     if ready:
         ranked = sorted(ready, key=lambda pair: (
             pair[1].parallel_free == 0, pair[1].queued, pair[1].active,
@@ -127,13 +126,21 @@ def where_warm(model: str, members: Sequence[MemberRecord], local_id: str,
                                            f"{cached} prompt blocks cached there")
         member = ranked[0][0]
         return _pick(member, local_id, f"'{model}' is ready on {member.host_id}")
-    coming = [m for m in serving
-              if (s := m.slot(first)) is not None and s.state in ON_THE_WAY]
+    coming = [(m, s) for m in serving if (s := _best_copy(m, model, ON_THE_WAY)) is not None]
     if coming:
-        member = min(coming, key=lambda m: (m.host_id != local_id, m.host_id))
-        state = member.slot(first).state  # type: ignore[union-attr]
-        return _pick(member, local_id, f"'{model}' is {state} on {member.host_id}")
+        member, copy = min(coming, key=lambda pair: (pair[0].host_id != local_id,
+                                                     pair[0].host_id))
+        return _pick(member, local_id, f"'{model}' is {copy.state} on {member.host_id}")
     return None
+
+
+def _best_copy(member: MemberRecord, model: str,
+               states: Sequence[str]) -> SlotRecord | None:
+    """Of ``member``'s copies of ``model`` in one of ``states``, the one a request is best
+    sent to: one with a free parallel slot first, then the least busy, then the first copy."""
+    copies = [s for s in member.slots if _copy_of(s.model, model) and s.state in states]
+    return min(copies, key=lambda s: (s.parallel_free == 0, s.active, s.model != model),
+               default=None)
 
 
 def matched(held: Collection[int], prefix: tuple[int, ...]) -> int:

@@ -198,3 +198,22 @@ def test_a_member_remembers_what_a_single_copy_was_sent(cluster, replicas, kept)
                             entry=SimpleNamespace(manifest=manifest))
     router.granted(SimpleNamespace(prefix=P, session=None), ready, Route("m", "only replica"))
     assert tuple(router.index.summary("m")) == kept
+
+
+# a member that serves a model through a copy past its first is warm too, and its best copy
+# (a free parallel slot, then the least busy) is the one weighed against other members'
+COPIES = [
+    ("only a second copy is ready there", [member("a", slot("m", "idle"), slot("m#2"))], "b",
+     "a"),
+    ("a second copy with room beats another member's full first copy",
+     [member("a", slot("m", active=1)), member("c", slot("m", active=1), slot("m#2"))], "b",
+     "c"),
+    ("only a second copy is loading there", [member("a", slot("m#2", "loading"))], "b", "a"),
+    ("another model's copy is no copy of it", [member("a", slot("x#2"))], "b", None),
+]
+
+
+@pytest.mark.parametrize(("case", "members", "local", "expected"), COPIES,
+                         ids=[c[0] for c in COPIES])
+def test_where_warm_weighs_every_copy(case, members, local, expected):
+    assert where(where_warm("m", members, local)) == expected
