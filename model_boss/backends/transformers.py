@@ -20,7 +20,7 @@ from ..catalog.manifest import Category, ModelManifest
 from ..catalog.voices import clones_voices, voice_store
 from ..endpoints import SPEECH
 from ..errors import BadRequest
-from ..gpu.placement import Placement
+from ..gpu.placement import Placement, layers_on_gpu
 from .base import HttpWorkerBackend, UpstreamResponse
 from .gathering import GATHERED, Gathering
 from .spare import TRANSFORMERS, TakesSpares, torch_defaults
@@ -62,9 +62,19 @@ class TransformersBackend(TakesSpares, HttpWorkerBackend):
     def model_flags(self, placement: Placement | None) -> list[str]:
         """The model's flags: a cold start's argv, a spare's ``POST /load``."""
         m = self.manifest
+        layers = self.gpu_layers(placement)
+        offload = ["--gpu-layers", str(layers)] if placement and placement.gpus \
+            and layers >= 0 else []
+        if offload and not m.offload_prefetch:
+            offload.append("--no-offload-prefetch")
         return ["--model", str(self.entry.path), "--task", TASKS[m.category],
                 "--device", "auto", "--dtype", m.dtype, "--batch-size", str(m.batch_size),
-                "--max-batch-wait-ms", f"{m.max_batch_wait_ms:g}", *m.args]
+                "--max-batch-wait-ms", f"{m.max_batch_wait_ms:g}", *offload, *m.args]
+
+    def gpu_layers(self, placement: Placement | None) -> int:
+        """The model's repeated blocks kept on the GPU, the rest streamed from CPU RAM by the
+        worker (workers/transformers/layers.py)."""
+        return layers_on_gpu(placement, self.manifest.gpu_layers)
 
     def environment(self, placement: Placement | None) -> dict[str, str]:
         env = super().environment(placement)

@@ -111,9 +111,13 @@ class ModelManifest(BaseModel):
     # KV cache tokens, shared by the parallel slots; unset: the GGUF's trained context, as far
     # as the GPUs' VRAM holds its KV cache (catalog/context.py, gpu/context_fit.py)
     ctx_size: int = Field(default=2048, ge=64)
+    # layers on the GPU (llama.cpp's; a transformers model's repeated blocks, the rest streamed
+    # from CPU RAM for each forward): a number, or auto (all; with allow_partial, as many as fit)
     gpu_layers: int | str = "auto"
     allow_partial: bool = False
     min_gpu_layers: int = Field(default=0, ge=0)
+    # transformers, layers streamed: the next one's copy overlaps this one's compute (CUDA)
+    offload_prefetch: bool = True
     main_gpu: int | None = Field(default=None, ge=0)
     parallel: int | None = Field(default=None, ge=1, le=1024)
     # requests running at once (at most ``parallel``; the rest wait) and waiting (beyond: 429)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..catalog.manifest import KV_CACHE_BYTES, BackendKind, ModelManifest
 from .gguf_info import FitProjection, llama_fit, read_gguf_info
+from .safetensors_info import read_headers
 
 GGUF_FACTOR = 1.1
 SAFETENSORS_FACTOR = 1.3
@@ -125,26 +126,7 @@ def from_llama_fit(manifest: ModelManifest, path: Path,
 
 def safetensors_bytes(path: Path) -> int:
     """Tensor bytes from the JSON headers of a .safetensors file or a directory of them."""
-    import json
-    import struct
-
-    files = [path] if path.is_file() else sorted(path.rglob("*.safetensors")) \
-        if path.is_dir() else []
-    total = 0
-    for file in files:
-        if file.suffix != ".safetensors":
-            continue
-        try:
-            with file.open("rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(length))
-        except (OSError, ValueError, struct.error):
-            continue
-        for name, meta in header.items():
-            if name != "__metadata__":
-                start, end = meta["data_offsets"]
-                total += end - start
-    return total
+    return sum(read_headers(path).values())
 
 
 def estimate_vram(

@@ -43,6 +43,16 @@ class Placement:
         }
 
 
+def layers_on_gpu(placement: Placement | None, wanted: int | str) -> int:
+    """A worker's layers on the GPU: 0 without one, the pool's count for a partial offload,
+    else the manifest's ``gpu_layers`` (``auto`` = all, -1)."""
+    if placement is None or not placement.gpus:
+        return 0
+    if placement.gpu_layers is not None:
+        return placement.gpu_layers
+    return -1 if wanted == "auto" else int(wanted)
+
+
 def place_single(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
     """The one GPU with the most effective free VRAM, if the model fits there."""
     if not free_mb:

@@ -11,13 +11,16 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True, slots=True)
 class ProcessorSplit:
     """``size_mb``: the whole model (weights, cache, compute); ``vram_mb``: what of it is
-    leased on GPUs; ``gpu_percent``: the share on GPUs; ``label``: as ``ollama ps`` shows."""
+    leased on GPUs; ``gpu_percent``: the share on GPUs; ``label``: as ``ollama ps`` shows;
+    ``gpu_layers`` of ``total_layers`` on GPUs when only some are (else None)."""
 
     size_mb: int
     vram_mb: int
     gpu_percent: int
     declared: bool
     label: str
+    gpu_layers: int | None = None
+    total_layers: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -39,12 +42,14 @@ def processor_split(*, tier: str, size_mb: int, leased_mb: int, gpu_layers: int 
         return ProcessorSplit(size_mb, 0, 0, False, "-")
     if tier == "cpu" or leased_mb <= 0 or gpu_layers == 0:
         return ProcessorSplit(size_mb, 0, 0, False, "100% CPU")
-    percent = 100
+    percent, layers = 100, None
     if gpu_layers is not None and gpu_layers >= 0 and total_layers \
             and gpu_layers < total_layers:
         # a model partly on the CPU is never shown as 100% GPU, however few layers stay
         percent = min(99, max(1, round(100 * gpu_layers / total_layers)))
+        layers = gpu_layers
     label = "100% GPU" if percent == 100 else f"{100 - percent}%/{percent}% CPU/GPU"
     if declared:
         label += " (declared)"
-    return ProcessorSplit(size_mb, leased_mb, percent, declared, label)
+    return ProcessorSplit(size_mb, leased_mb, percent, declared, label, layers,
+                          total_layers if layers is not None else None)

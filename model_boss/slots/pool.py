@@ -21,6 +21,8 @@ from ..gpu.estimate import VramEstimate, estimate_vram, with_companions
 from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
 from ..gpu.placement import LayerCosts, Placement
+from ..gpu.safetensors_info import layer_costs_mb as safetensors_layer_costs
+from ..gpu.safetensors_info import model_layers
 from ..scheduling import planner
 from ..scheduling.eviction import SlotView
 from ..scheduling.learned import LearnedStats
@@ -125,10 +127,18 @@ class ModelPool(Replicas):
         return slot.estimate.mb if slot.estimate else self.estimate(slot.entry).mb
 
     def layer_costs(self, entry: CatalogEntry) -> LayerCosts | None:
-        """Per-layer costs for partial GPU offload (llama models with ``allow_partial``)."""
+        """Per-layer costs for partial GPU offload (models with ``allow_partial``: llama's
+        from the GGUF, a transformers model's from its safetensors headers)."""
         manifest = entry.manifest
-        if not manifest.allow_partial or manifest.backend != BackendKind.LLAMA_SERVER \
-                or entry.path is None:
+        if not manifest.allow_partial or entry.path is None:
+            return None
+        if manifest.backend == BackendKind.TRANSFORMERS:
+            layout = model_layers(entry.path)
+            if layout is None:
+                return None
+            per_layer, fixed = safetensors_layer_costs(layout, manifest.offload_prefetch)
+            return LayerCosts(per_layer, fixed, layout.count, manifest.min_gpu_layers)
+        if manifest.backend != BackendKind.LLAMA_SERVER:
             return None
         info = read_gguf_info(entry.path)
         if info is None or info.block_count < 2:

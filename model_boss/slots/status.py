@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..catalog import BackendKind
 from ..gpu.estimate import VramEstimate
 from ..gpu.gguf_info import read_gguf_info
 from ..gpu.processor import ProcessorSplit, processor_split
+from ..gpu.safetensors_info import model_layers
 from ..scheduling.learned import LearnedStats
 from ..slot_key import SlotKey
 from .owner import SlotOwner
@@ -61,8 +63,7 @@ def processor(pool: PoolReading, slot: ModelSlot) -> ProcessorSplit:
     gpu_layers = layers_of(slot.placement) if callable(layers_of) else None
     total = slot.placement.total_layers if slot.placement else None
     if total is None and gpu_layers is not None and entry.path is not None:
-        info = read_gguf_info(entry.path)
-        total = info.block_count if info else None
+        total = layer_count(entry.path)
     sources = {g.index: g.source for g in pool.boss.gpus}
     size = max(pool.footprint_mb(slot), slot.ram_reserved_mb)
     if slot.placement is not None and slot.placement.gpu_layers is not None \
@@ -74,3 +75,12 @@ def processor(pool: PoolReading, slot: ModelSlot) -> ProcessorSplit:
         declared=bool(allocations) and all(sources.get(i) == "declared"
                                            for i in allocations),
         remote=entry.manifest.backend == BackendKind.CLOUD)
+
+
+def layer_count(path: Path) -> int | None:
+    """The model's layers: a GGUF's blocks, a transformers folder's repeated blocks."""
+    if path.is_dir():
+        layout = model_layers(path)
+        return layout.count if layout else None
+    info = read_gguf_info(path)
+    return info.block_count if info else None

@@ -498,8 +498,10 @@ function placementText(slot) {
   const onGpu = slot?.tier === "gpu" || slot?.state === "loading";  // a load holds its lease
   if (!p || !onGpu) return slot?.tier === "cpu" ? "CPU RAM (offloaded)" : "—";
   const gpus = Object.entries(p.allocations).map(([i, mb]) => `GPU ${i} ${fmtMB(mb)}`).join(", ");
-  const layers = p.gpu_layers === null || p.gpu_layers === undefined
-    ? "all layers" : `${p.gpu_layers}/${p.total_layers} layers`;
+  // the placement's partial offload, else the worker's own split (a manifest's gpu_layers)
+  const counted = (x) => x?.gpu_layers !== null && x?.gpu_layers !== undefined;
+  const part = counted(p) ? p : counted(slot.processor) ? slot.processor : null;
+  const layers = part ? `${part.gpu_layers}/${part.total_layers} layers` : "all layers";
   const split = p.tensor_split?.length ? ` · split ${p.tensor_split.join("/")}` : "";
   // the processor split as `ollama ps` tells it (declared GPUs marked), where the server says
   const label = slot.processor?.label;

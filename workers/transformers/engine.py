@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ..process import collector_paused
+from .layers import LayerPlan, offload_layers, place_resident
 from .options import WorkerOptions
 from .vibevoice import VibeVoice, is_vibevoice
 
@@ -98,6 +99,7 @@ class Engine:
         self.whisper = False
         self._lock = threading.Lock()  # one model call or move at a time
         self._ticket: Any = None  # the running transcription's (checked at each forward)
+        self.layers: LayerPlan | None = None  # the blocks streamed from CPU RAM, if any
 
     def assign(self, options: WorkerOptions) -> None:
         """A spare takes its model's options (once); a worker that is no spare is busy."""
@@ -118,7 +120,10 @@ class Engine:
             wanted = self.options.device
             self.device = ("cuda" if torch.cuda.is_available() else "cpu") \
                 if wanted == "auto" else wanted
-            kwargs: dict[str, Any] = {"device": self.device, "local_files_only": True}
+            # a split model is loaded in CPU RAM, then only its resident part goes to the device
+            split = self.options.gpu_layers is not None and self.options.gpu_layers >= 0
+            kwargs: dict[str, Any] = {"device": "cpu" if split else self.device,
+                                      "local_files_only": True}
             if self.options.dtype != "auto":
                 kwargs["model_kwargs"] = {"torch_dtype": getattr(torch, self.options.dtype)}
             if self.options.task == "embedding":
@@ -136,9 +141,11 @@ class Engine:
                 self.model = CrossEncoder(self.options.model, **kwargs)
                 self.max_tokens = self.model.max_length
             else:
-                self.model = self._pipeline(torch)
+                self.model = self._pipeline(torch, "cpu" if split else self.device)
                 # a long transcription stops at its next chunk (its next forward) once cancelled
                 self._module(torch).register_forward_pre_hook(self._between_chunks)
+            if split:
+                self._split(torch)
             self.footprint_mb = _footprint_mb(self._module(torch))
             self.load_s = round(time.perf_counter() - started, 3)
             self.state = "ready"
@@ -148,19 +155,34 @@ class Engine:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.exception("loading %s failed", self.options.model)
 
-    def _pipeline(self, torch: Any) -> Any:
+    def _split(self, torch: Any) -> None:
+        """The model's blocks beyond ``gpu_layers`` streamed from CPU RAM, the rest onto the
+        device (layers.py); a model with nothing to stream goes to the device whole."""
+        module = self._module(torch)
+        self.layers = offload_layers(module, self.device, self.options.gpu_layers,
+                                     self.options.offload_prefetch)
+        if self.layers is None:
+            module.to(self.device)
+        if hasattr(self.model, "device") and not isinstance(self.model, torch.nn.Module):
+            self.model.device = torch.device(self.device)  # a pipeline sends its inputs there
+        if self.layers is not None:
+            log.info("%s of %s layers (%s) on %s, the rest streamed from CPU RAM%s",
+                     self.layers.resident, self.layers.total, self.layers.name, self.device,
+                     " with prefetch" if self.layers.prefetch else "")
+
+    def _pipeline(self, torch: Any, device: str) -> Any:
         from transformers import pipeline
 
         if self.options.task == "tts" and is_vibevoice(self.options.model or ""):
             dtype = getattr(torch, self.options.dtype) if self.options.dtype != "auto" else None
-            voice = VibeVoice(self.options.model or "", self.device, dtype)
+            voice = VibeVoice(self.options.model or "", device, dtype)
             self.rate = voice.rate
             return voice
         kind = {"stt": "automatic-speech-recognition", "tts": "text-to-speech"}[
             self.options.task]
         dtype = getattr(torch, self.options.dtype) if self.options.dtype != "auto" else None
         # a local folder: the worker runs with HF_HUB_OFFLINE set, so nothing is fetched
-        pipe = pipeline(kind, model=self.options.model, device=self.device, dtype=dtype)
+        pipe = pipeline(kind, model=self.options.model, device=device, dtype=dtype)
         if self.options.task == "stt":
             self.rate = pipe.feature_extractor.sampling_rate
             self.whisper = pipe.model.config.model_type == "whisper"
@@ -322,8 +344,12 @@ class Engine:
                 raise NotLoaded(self.state)
             started = time.perf_counter()
             # a pipeline's model moves; the pipeline keeps sending inputs to self.device,
-            # which is where the model is whenever a request runs (none runs parked)
-            self._module(torch).to(device)
+            # which is where the model is whenever a request runs (none runs parked). A split
+            # model moves its resident part: its streamed blocks and their hooks stay as they are
+            if self.layers is not None:
+                place_resident(self._module(torch), device, self.layers)
+            else:
+                self._module(torch).to(device)
             if device == "cpu" and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.state = target
@@ -345,4 +371,7 @@ class Engine:
                 "dimensions": self.dimensions, "max_tokens": self.max_tokens,
                 "loads_from_disk": 1 if self.footprint_mb is not None else 0,
                 "load_s": self.load_s, "footprint_mb": self.footprint_mb,
+                "gpu_layers": self.layers.resident if self.layers else None,
+                "total_layers": self.layers.total if self.layers else None,
+                "offload_prefetch": self.layers.prefetch if self.layers else None,
                 "memory": _cuda_memory() if self.device == "cuda" else {}, **speech}

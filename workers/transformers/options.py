@@ -3,6 +3,7 @@
     python -m workers.transformers --model DIR --task embedding|rerank|stt|tts --port N
         [--host 127.0.0.1] [--device auto|cuda|cpu] [--dtype auto|float16|bfloat16|float32]
         [--batch-size 32] [--max-batch-wait-ms 5] [--max-items 2048] [--parent-pid PID]
+        [--gpu-layers N [--no-offload-prefetch]]
     python -m workers.transformers --spare --port N [--host ...] [--parent-pid PID]
 
 ``--spare`` starts a *spare*: torch, transformers and sentence-transformers imported, no
@@ -39,6 +40,9 @@ class WorkerOptions:
     parent_pid: int | None = None
     api_key: str | None = None
     spare: bool = False
+    # the model's repeated blocks kept on the device, the rest streamed (layers.py); None: all
+    gpu_layers: int | None = None
+    offload_prefetch: bool = True
 
 
 _SPARE_OWNED = frozenset({"--port", "--host", "--parent-pid", "--spare"})
@@ -80,7 +84,15 @@ def parse_args(argv: list[str] | None = None,
     parser.add_argument("--max-batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-items", type=_positive(int), default=2048)
     parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--gpu-layers", type=int, default=None,
+                        help="repeated blocks kept on the device, the rest streamed from "
+                             "CPU RAM (-1: all)")
+    parser.add_argument("--no-offload-prefetch", dest="offload_prefetch",
+                        action="store_false",
+                        help="streamed blocks are copied when used, not one ahead")
     args = parser.parse_args(argv)
+    if args.gpu_layers is not None and args.gpu_layers < -1:
+        parser.error("--gpu-layers: must be -1 (all) or more")
     if args.max_batch_wait_ms < 0:
         parser.error("--max-batch-wait-ms: must be 0 or more")
     if not args.spare and not (args.model and args.task):
@@ -89,4 +101,5 @@ def parse_args(argv: list[str] | None = None,
                          device=args.device, dtype=args.dtype, batch_size=args.batch_size,
                          max_batch_wait_ms=args.max_batch_wait_ms, max_items=args.max_items,
                          parent_pid=args.parent_pid,
-                         api_key=os.environ.get(API_KEY_ENV) or None, spare=args.spare)
+                         api_key=os.environ.get(API_KEY_ENV) or None, spare=args.spare,
+                         gpu_layers=args.gpu_layers, offload_prefetch=args.offload_prefetch)

@@ -23,7 +23,7 @@ import httpx
 from ...catalog.context import explain_overflow
 from ...catalog.manifest import ModelManifest
 from ...errors import LoadFailed, ModelBossError
-from ...gpu.placement import Placement
+from ...gpu.placement import Placement, layers_on_gpu
 from ..base import HttpWorkerBackend, UpstreamResponse
 from .chat_templates import as_chat, completion_request
 from .collect import as_stream, collectable, gather
@@ -52,12 +52,7 @@ class LlamaServerBackend(HttpWorkerBackend):
     def gpu_layers(self, placement: Placement | None) -> int:
         """Layers on the GPU: 0 without one, the pool's count for a partial offload, else the
         manifest's (``auto`` = all, -1)."""
-        if placement is None or not placement.gpus:
-            return 0
-        if placement.gpu_layers is not None:
-            return placement.gpu_layers
-        layers = self.manifest.gpu_layers
-        return -1 if layers == "auto" else int(layers)
+        return layers_on_gpu(placement, self.manifest.gpu_layers)
 
     @staticmethod
     def tensor_split(placement: Placement | None) -> list[float]:
