@@ -39,7 +39,8 @@ fi
 has() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)"; }
 # torch first, through pip: pip finds a local CPU build where the machine has one (find-links),
 # uv would take PyPI's CUDA build. The pin is the one in pyproject.toml's diffusion extra.
-if [[ ",$extras," == *",diffusion,"* || ",$extras," == *",transformers,"* ]] && ! has torch; then
+if [[ ",$extras," == *",diffusion,"* || ",$extras," == *",transformers,"* || ",$extras," == *",realtime,"* ]] \
+    && ! has torch; then
   torch=$(.venv/bin/python -c "import tomllib; print(next(r for r in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['diffusion'] if r.startswith('torch')))")
   # --no-compile: pip would compile all 2,285 of torch's modules (11 s here); the 725 an
   # import of torch reads are compiled by the first process that imports them

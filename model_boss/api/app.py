@@ -25,6 +25,7 @@ from . import (
     ollama,
     openai,
     pulls,
+    realtime,
     voices,
 )
 from .errors import install_error_handlers
@@ -99,9 +100,10 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
-    routers = [module.router for module in (openai, media_images, sdapi, videos, anthropic,
-                                            llamacpp, ollama, admin, history, pulls, jobs, leases,
-                                            tenant_keys, tenant_usage, voices, dashboard)]
+    routers = [module.router for module in (openai, realtime, media_images, sdapi, videos,
+                                            anthropic, llamacpp, ollama, admin, history, pulls,
+                                            jobs, leases, tenant_keys, tenant_usage, voices,
+                                            dashboard)]
     for router in routers:
         app.include_router(router)
     take_direct_routes(app, [route for router in routers for route in router.routes])

@@ -12,6 +12,7 @@ from .adapters import Adapter, adapter_manifest, adapters_of, draft_problem, on_
 from .extras import Importable, module_found, not_installed, requirement
 from .manifest import BackendKind, Category, LlamaWorker, ModelManifest
 from .pipelines import ip_adapter_path, makes_video, pipeline_class
+from .realtime import pipeline_problem
 
 
 @dataclass(slots=True)
@@ -68,6 +69,10 @@ class Catalog:
                 self._add(CatalogEntry(adapter_manifest(manifest, spec), path, problem,
                                        entry.ip_adapter, adapter))
                 entry.adapters += () if problem else (adapter,)
+        for entry in self._entries.values():  # a pipeline's models are all known by now
+            if entry.manifest.category == Category.REALTIME and entry.available:
+                entry.found_problem = pipeline_problem(entry.manifest, self.find)
+                entry.unavailable_reason = entry.found_problem
 
     def _add(self, entry: CatalogEntry) -> None:
         self._entries[entry.manifest.id] = entry
@@ -154,6 +159,8 @@ def _diffusers_kind(entry: CatalogEntry, models_dir: Path) -> None:
 def _unavailable_reason(manifest: ModelManifest, path: Path | None) -> str | None:
     if manifest.problem:
         return manifest.problem
+    if manifest.category == Category.REALTIME:  # its own models say (catalog/realtime.py)
+        return None
     if manifest.backend in (BackendKind.LLAMA_SERVER, BackendKind.DIFFUSERS,
                             BackendKind.TRANSFORMERS):
         if path is None:

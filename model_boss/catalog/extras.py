@@ -50,6 +50,8 @@ SENTENCE_TRANSFORMERS = Requirement("transformers",
                                     ("torch", "transformers", "sentence_transformers"))
 # speech: transformers' pipelines, audio decoded and encoded by PyAV (workers/transformers)
 SPEECH = Requirement("transformers", ("torch", "transformers", "av"))
+# a realtime pipeline: the coordinator hears turns end with silero-vad (services/realtime)
+REALTIME = Requirement("realtime", ("torch", "silero_vad"))
 LLAMA_NATIVE = Requirement("llama", ("xllamacpp",))
 LLAMA_CPP_PYTHON = Requirement("llama-cpp-python", ("llama_cpp",))
 
@@ -62,6 +64,7 @@ KINDS: tuple[tuple[str, Requirement | None], ...] = (
     ("diffusers video pipelines", DIFFUSION_VIDEO),
     ("embedders and rerankers (sentence-transformers)", SENTENCE_TRANSFORMERS),
     ("speech recognition and voices (transformers)", SPEECH),
+    ("realtime pipelines' turn detection (silero-vad)", REALTIME),
     ("cloud remotes, commands, an external llama-server", None),
 )
 
@@ -98,6 +101,8 @@ def requirement(manifest: ModelManifest,
                 llama_default: LlamaWorker = LlamaWorker.NATIVE) -> Requirement | None:
     """What a model of this kind needs installed; None: nothing beyond model-boss itself (an
     external llama-server, a command, a cloud remote)."""
+    if manifest.category == Category.REALTIME:
+        return REALTIME
     if manifest.backend == BackendKind.DIFFUSERS:
         return DIFFUSION_VIDEO if manifest.category == Category.VIDEO else DIFFUSION
     if manifest.backend == BackendKind.TRANSFORMERS:

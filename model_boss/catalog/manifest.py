@@ -29,6 +29,7 @@ class Category(StrEnum):
     STT = "stt"  # speech recognition (transcription, translation)
     EMBEDDING = "embedding"
     RERANK = "rerank"
+    REALTIME = "realtime"  # a pipeline of three served models: /v1/realtime (no path, backend)
 
 
 class BackendKind(StrEnum):
@@ -88,6 +89,17 @@ class ReplicaRange(BaseModel):
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) must be at least min ({self.min})")
         return self
+
+
+class PipelineSpec(BaseModel):
+    """A realtime pipeline's models (``pipeline:`` on a ``category: realtime`` manifest), each
+    the id or alias of a model the catalog serves: speech to text, the chat model, the voice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    transcriber: str = Field(min_length=1)
+    llm: str = Field(min_length=1)
+    voice: str = Field(min_length=1)
 
 
 class ModelManifest(BaseModel):
@@ -168,6 +180,8 @@ class ModelManifest(BaseModel):
     draft_max: int | None = Field(default=None, ge=1, le=256)
     draft_min: int | None = Field(default=None, ge=0, le=256)
     draft_p_min: float | None = Field(default=None, ge=0, le=1)
+    # category: realtime: the three models a conversation runs on (catalog/realtime.py)
+    pipeline: PipelineSpec | None = None
     # filled in by the loader, never from YAML
     base: str | None = Field(default=None, exclude=True)  # an adapter's base model id
     source_file: str | None = Field(default=None, exclude=True)
@@ -234,6 +248,14 @@ class ModelManifest(BaseModel):
         clash = next((n for n in names if names.count(n) > 1 or n in self.names), None)
         if clash is not None:
             raise ValueError(f"adapters: the name '{clash}' is given twice")
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_only_for_realtime(self) -> ModelManifest:
+        if (self.category == Category.REALTIME) != (self.pipeline is not None):
+            raise ValueError("pipeline: a category: realtime manifest names one, and only it")
+        if self.pipeline is not None and (self.path or "backend" in self.model_fields_set):
+            raise ValueError("pipeline: a realtime pipeline has no path or backend of its own")
         return self
 
     @model_validator(mode="after")

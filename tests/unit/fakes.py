@@ -101,7 +101,7 @@ def coordinator(tmp_path: Path, manifests: list[dict], gpus: list[dict] | None =
     manifest_file = tmp_path / "manifests.yaml"
     import yaml
 
-    for m in manifests:
+    for m in (m for m in manifests if "pipeline" not in m):  # a realtime pipeline has none
         m.setdefault("path", str(tmp_path / "weights.gguf"))
     (tmp_path / "weights.gguf").write_bytes(b"GGUF" + b"\0" * 1024)
     manifest_file.write_text(yaml.safe_dump(manifests))

@@ -27,7 +27,7 @@ def only(*present: str):
         "GGUF models on llama.cpp's own server (built in)", "diffusers picture pipelines",
         "cloud remotes, commands, an external llama-server"}),
     (("torch", "diffusers", "transformers", "av", "sentence_transformers", "xllamacpp",
-      "llama_cpp"), {kind for kind, _ in KINDS}),
+      "llama_cpp", "silero_vad"), {kind for kind, _ in KINDS}),
 ])
 def test_which_kinds_an_install_runs(present, ready):
     kinds = readiness(only(*present))

@@ -39,7 +39,7 @@ class Identify:
         self.coord = coordinator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):  # a socket's refusal is an HTTP answer
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

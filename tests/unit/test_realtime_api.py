@@ -1,0 +1,36 @@
+"""``/v1/realtime``'s door: the key (checked at the edge, as for any route) and the key's
+scope over the pipeline are decided before the socket is accepted, and refused as HTTP
+answers in the error envelope."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.testclient import TestClient, WebSocketDenialResponse
+
+from model_boss.api.app import create_app
+
+from .fakes import coordinator, manifest
+
+TALK = {"id": "talk", "category": "realtime",
+        "pipeline": {"transcriber": "ears", "llm": "a", "voice": "mouth"}}
+
+
+@pytest.mark.parametrize(("key", "model", "status", "words"), [
+    (None, "talk", 401, "API key"),
+    ("nope", "talk", 401, "API key"),
+    ("k-alice", "talk", 404, "'talk' does not exist"),  # outside alice's scope
+    ("k-bob", "talk", 503, "pipeline.transcriber: no model 'ears'"),
+    ("k-bob", "a", 400, "not a realtime pipeline"),
+    ("k-bob", "", 400, "model: required"),
+])
+def test_a_session_is_refused_before_it_opens(tmp_path, key, model, status, words):
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000), TALK],
+                           api_keys={"alice": "k-alice", "bob": "k-bob"},
+                           clients={"alice": {"allowed_models": ["a"]}})
+    client = TestClient(create_app(coordinator=coord), base_url="http://127.0.0.1")
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with client.websocket_connect(f"ws://127.0.0.1/v1/realtime?model={model}", headers=headers):
+            pass
+    assert refused.value.status_code == status
+    assert words in refused.value.json()["error"]["message"]
