@@ -234,6 +234,9 @@ def _wrong_kind(coord: Coordinator, manifest: ModelManifest,
     """A worker kind that says which endpoints it serves (an embedder: /v1/embeddings), or
     which it refuses (llama.cpp: audio and images), is not loaded for another: the request is
     refused (or passed to the next rung) at once, naming the models that do serve it."""
+    if manifest.category == Category.REALTIME:  # three models of its own, never loaded itself
+        return BadRequest(f"'{manifest.id}' is a realtime pipeline; it serves /v1/realtime "
+                          "only", param="model", code="unsupported_endpoint")
     backend = BACKENDS.get(manifest.backend)
     serves = getattr(backend, "serves", None)
     endpoints = serves(manifest) if serves is not None else None

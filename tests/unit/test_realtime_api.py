@@ -4,12 +4,14 @@ answers in the error envelope."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from model_boss.api.app import create_app
 
-from .fakes import coordinator, manifest
+from .fakes import coordinator, manifest, started_client
 
 TALK = {"id": "talk", "category": "realtime",
         "pipeline": {"transcriber": "ears", "llm": "a", "voice": "mouth"}}
@@ -34,3 +36,25 @@ def test_a_session_is_refused_before_it_opens(tmp_path, key, model, status, word
             pass
     assert refused.value.status_code == status
     assert words in refused.value.json()["error"]["message"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("silero_vad") is None,
+                    reason="the 'realtime' extra")
+async def test_a_pipeline_is_no_model_of_another_route_and_status_lists_it(tmp_path):
+    members = [manifest(name, 1000, category=kind, backend="command", command=["true"])
+               for name, kind in (("ears", "stt"), ("mouth", "tts"))]
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000), *members, TALK,
+                                      {**TALK, "id": "mute", "pipeline": {**TALK["pipeline"],
+                                                                         "voice": "ears"}}])
+    async with started_client(coord) as client:
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "talk", "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400
+        assert chat.json()["error"]["code"] == "unsupported_endpoint"
+        assert "realtime pipeline" in chat.json()["error"]["message"]
+        status = await client.get("/api/v1/status")
+        assert status.status_code == 200
+        models = {m["id"]: m for m in status.json()["models"]}
+        assert models["talk"]["available"] is True
+        assert models["mute"]["unavailable_reason"] == \
+            "pipeline.voice: 'ears' is a stt model, not tts"
