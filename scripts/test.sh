@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 # from source again, and pytest would re-rewrite its plugins' asserts in every test process:
 # here that cost the suite about a fifth of its time. Bytecode goes to __pycache__ (ignored).
 unset PYTHONDONTWRITEBYTECODE
-# clients: the OpenAI, Anthropic and Ollama clients the end-to-end tests drive (skipped without)
-scripts/setup.sh "llama,diffusion,transformers,test,clients"
+# clients: the OpenAI, Anthropic and Ollama clients the end-to-end tests drive (skipped without);
+# realtime: silero-vad, the turn detection of /v1/realtime
+scripts/setup.sh "llama,diffusion,transformers,realtime,test,clients"
 # Claude Code and Codex for tests/e2e/test_agents.py, at the versions in
 # scripts/agent_versions.txt, into .venv/agents where npm is and they are not (.ci/run installs
 # them beside setup.sh). Without npm their tests skip; with npm, agents that failed to install
@@ -24,6 +25,10 @@ scripts/install_agents.sh --if-missing || echo "NOTE: installing the coding agen
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   echo "NOTE: chromium is not installed, so the browser test (tests/e2e/test_dashboard.py)" \
        "will be SKIPPED. Install it with: apt-get install chromium" >&2
+fi
+if ! command -v espeak-ng >/dev/null; then
+  echo "NOTE: espeak-ng is not installed, so the spoken-question tests (tests/e2e/test_realtime.py)" \
+       "will be SKIPPED. Install it with: apt-get install espeak-ng" >&2
 fi
 exec .venv/bin/python -m pytest -n "$(( ${MODEL_BOSS_TEST_WORKERS:-2} + 1 ))" --dist loadfile \
   --no-loadscope-reorder --quiet-process "$@"
