@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE
 # clients: the OpenAI, Anthropic and Ollama clients the end-to-end tests drive (skipped without);
 # realtime: silero-vad, the turn detection of /v1/realtime
-scripts/setup.sh "llama,diffusion,transformers,realtime,test,clients"
+scripts/setup.sh "llama,diffusion,transformers,realtime,tracing,test,clients"
 # Claude Code and Codex for tests/e2e/test_agents.py, at the versions in
 # scripts/agent_versions.txt, into .venv/agents where npm is and they are not (.ci/run installs
 # them beside setup.sh). Without npm their tests skip; with npm, agents that failed to install

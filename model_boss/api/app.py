@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from ..coordinator import Coordinator
+from ..observability import tracing
 from ..services import EDITS, run_job
 from ..services.media.audio import UPLOAD_PATHS
 from ..services.media.sdapi import IMG2IMG
@@ -47,6 +48,7 @@ from .middleware import (
     with_cors,
 )
 from .middleware.drain import DrainGate
+from .middleware.tracing import Traced
 from .openapi_doc import DOCS_ASSETS, document_bounds, offline_redoc
 from .tenants import keys as tenant_keys
 from .tenants import usage as tenant_usage
@@ -67,6 +69,8 @@ def create_app(settings: Settings | None = None, *,
             yield
         finally:
             await coord.stop()
+            if traces is not None:
+                traces.force_flush()
 
     # /docs and /redoc from the package's own copies of Swagger UI and ReDoc (fastapi-offline),
     # not a CDN: they work on a box with no internet
@@ -100,6 +104,9 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
+    traces = tracing.configure()  # None, and nothing imported, unless OTEL_* turn it on
+    if traces is not None:  # outermost: the request's span covers the edge's checks too
+        app.add_middleware(Traced, inference=queued_paths())
     routers = [module.router for module in (openai, realtime, media_images, sdapi, videos,
                                             anthropic, llamacpp, ollama, admin, history, pulls,
                                             jobs, leases, tenant_keys, tenant_usage, voices,

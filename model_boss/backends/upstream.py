@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from ..trace_context import carried
 from .http_link import HttpLink
 from .reply import UpstreamReply, UpstreamTransportError
 
@@ -51,6 +52,7 @@ class UpstreamClient:
 
     async def post(self, path: str, body: bytes, headers: dict[str, str],
                    stream: bool) -> UpstreamReply:
+        headers = carried(headers)  # the trace's context on to the worker or member
         if self._link is not None:
             return await self._link.post(path, body, headers, stream)
         import aiohttp

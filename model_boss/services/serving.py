@@ -30,6 +30,7 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..jobs.runner import Dispatched
+from ..observability import tracing
 from ..scheduling.replicas import cached_prefix_tokens, prompt_blocks, session_of
 from ..scheduling.request import QueuedRequest, SlotTicket, asked_work
 from ..scheduling.request_log import prompt_text
@@ -316,12 +317,25 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
                       ext: Extensions, disconnected: Departure | None,
                       on_dispatch: Dispatched | None, dialect: Dialect | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
+    request_span = tracing.current_span()
+    tracing.annotate({"gen_ai.request.model": queued.model_id, "model_boss.key": queued.key,
+                      "model_boss.end_user": queued.end_user,
+                      "model_boss.priority": queued.priority})
     try:
-        ticket: SlotTicket = await unless_disconnected(disconnected,
-                                                       coord.queue.acquire(queued))
+        with tracing.span("model_boss.queue_wait", {
+                "model_boss.priority": queued.priority,
+                "model_boss.queue.depth_at_entry": coord.queue.depth}) as waited:
+            ticket: SlotTicket = await unless_disconnected(disconnected,
+                                                           coord.queue.acquire(queued))
+            if waited is not None:
+                waited.set_attribute("model_boss.slot_key", ticket.slot.key)
     except BaseException as exc:  # never granted: cancelled, refused or failed in the queue
         coord.used(unserved_row(queued, exc, coord.queue.meter.member))
         raise
+    if ticket.load_wait_s > 0 and request_span is not None:  # the load it waited for
+        tracing.ended_span("model_boss.load", int(queued.submitted_at * 1e9),
+                           int((queued.submitted_at + ticket.load_wait_s) * 1e9),
+                           {"model_boss.slot_key": ticket.slot.key})
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
     if manifest.replicas.max > 1:
         headers[REPLICA_HEADER] = ticket.slot.key
@@ -343,7 +357,10 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         work = (worker_props(backend, manifest.id) if call.endpoint == PROPS
                 else backend.handle_request(call.endpoint, call.body,
                                             bool(call.body.get("stream"))))
-        upstream = await unless_disconnected(disconnected, work)
+        with tracing.span("model_boss.worker_call", {
+                "model_boss.slot_key": ticket.slot.key, "url.path": call.endpoint,
+                "gen_ai.request.model": manifest.id}, client=True):
+            upstream = await unless_disconnected(disconnected, work)
         if upstream.stream is not None and call.gather is not None:  # a stream taken whole
             upstream = await unless_disconnected(disconnected, call.gather(upstream))
     except BaseException as exc:
@@ -354,6 +371,10 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         ticket.status = upstream.status
         if 200 <= upstream.status < 300:
             read_figures(ticket.figures, call.endpoint, call.body, upstream)
+            if request_span is not None and request_span.is_recording():
+                request_span.set_attributes({
+                    "gen_ai.usage.input_tokens": ticket.figures.prompt_tokens,
+                    "gen_ai.usage.output_tokens": ticket.figures.completion_tokens})
         ticket.release(ok=True)  # the next waiter, granted in this step, is sent on first
         await asyncio.sleep(0)
         answer = upstream.body or b""
