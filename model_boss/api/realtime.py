@@ -56,7 +56,9 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     except ModelBossError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
-    await websocket.accept()
+    # a browser offers "realtime" (beside its key): the handshake must name one it offered
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
 
     async def emit(event: dict[str, Any]) -> None:
         await websocket.send_text(orjson.dumps(event).decode())
