@@ -8,8 +8,10 @@ import json
 import pytest
 from pydantic import SecretStr
 from starlette.datastructures import Headers
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
-from model_boss.api.middleware.keys import KeyCheck, check_key, identity
+from model_boss.api.app import create_app
+from model_boss.api.middleware.keys import KeyCheck, check_key, given_key, identity
 from model_boss.errors import ConfigError
 from model_boss.settings import Settings, load_settings
 from model_boss.tenancy.keys import KeyStore
@@ -59,6 +61,42 @@ def test_the_identity_the_edge_decides(record, sent, key, end_user, client):
     who = identity(KeyCheck(True, ALICE if record else None), headers)
     assert (who.key, who.end_user, who.client, who.keyed) == (key, end_user, client,
                                                              key is not None)
+
+
+@pytest.mark.parametrize(("headers", "key"), [
+    ({}, ""),
+    ({"authorization": "Bearer k-a"}, "k-a"),
+    ({"x-api-key": "k-x"}, "k-x"),
+    ({"authorization": "Bearer k-a", "x-api-key": "k-x"}, "k-a"),
+    ({"sec-websocket-protocol": "realtime, openai-insecure-api-key.k-s"}, "k-s"),
+    ({"sec-websocket-protocol": "openai-insecure-api-key.k-s,realtime"}, "k-s"),
+    ({"sec-websocket-protocol": "realtime"}, ""),
+    ({"sec-websocket-protocol": "openai-insecure-api-key.k-s", "x-api-key": "k-x"}, "k-x"),
+])
+def test_the_key_a_request_carries(headers, key):
+    """A header first; a browser's WebSocket, which cannot set one, offers its key as a
+    subprotocol (OpenAI's browser clients' way)."""
+    assert given_key(Headers(headers)) == key
+
+
+@pytest.mark.parametrize(("key", "status", "words"), [
+    ("nope", 401, "API key"),
+    ("k-alice", 404, "'talk' does not exist"),  # alice's scope: the pipeline is outside it
+    ("k-bob", 503, "pipeline.transcriber: no model 'ears'"),  # bob sees it: not servable
+])
+def test_a_websockets_subprotocol_key_decides_as_a_header_would(tmp_path, key, status, words):
+    talk = {"id": "talk", "category": "realtime",
+            "pipeline": {"transcriber": "ears", "llm": "a", "voice": "mouth"}}
+    coord, _ = coordinator(tmp_path, [manifest("a", 1000), talk], **NAMED,
+                           clients={"alice": {"allowed_models": ["a"]}})
+    client = TestClient(create_app(coordinator=coord), base_url="http://127.0.0.1")
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with client.websocket_connect(
+                "ws://127.0.0.1/v1/realtime?model=talk",
+                subprotocols=["realtime", f"openai-insecure-api-key.{key}"]):
+            pass
+    assert refused.value.status_code == status
+    assert words in refused.value.json()["error"]["message"]
 
 
 def test_keys_are_secret_in_settings():

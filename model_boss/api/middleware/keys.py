@@ -31,6 +31,9 @@ from ...tenancy.keys import (
 from ...tenancy.usage import Spent, day_start, month_start
 
 CLIENT_HEADER = "x-client-id"
+# what a browser offers, having no Authorization header for a WebSocket: "realtime" and this
+# prefix before the key (the server answers "realtime", never the key)
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
 JOBS_PATH = JOBS
 
 
@@ -48,9 +51,22 @@ class KeyCheck:
 
 
 def given_key(headers: Headers) -> str:
-    """The key a request carries: ``Authorization: Bearer KEY``, else ``X-API-Key``."""
+    """The key a request carries: ``Authorization: Bearer KEY``, else ``X-API-Key``, else
+    (a browser's WebSocket, which cannot set a header) the subprotocol
+    ``openai-insecure-api-key.KEY`` it offers, as OpenAI's browser clients send it."""
     header = headers.get("authorization", "")
-    return header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key", "")
+    if header.lower().startswith("bearer "):
+        return header[7:]
+    return headers.get("x-api-key") or subprotocol_key(headers)
+
+
+def subprotocol_key(headers: Headers) -> str:
+    """The key among a WebSocket handshake's offered subprotocols; "" when none is."""
+    for offered in headers.get("sec-websocket-protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(KEY_SUBPROTOCOL):
+            return offered[len(KEY_SUBPROTOCOL):]
+    return ""
 
 
 def check_key(given: str, keys: KeyStore, *, admin: bool, now: float | None = None) -> KeyCheck:
@@ -122,4 +138,5 @@ def _limited(profile: object) -> bool:
     return any(getattr(profile, name) is not None for name in (*RATES, *QUOTAS))
 
 
-__all__ = ["KeyAdmission", "KeyCheck", "SpentReader", "check_key", "given_key", "identity"]
+__all__ = ["KEY_SUBPROTOCOL", "KeyAdmission", "KeyCheck", "SpentReader", "check_key",
+           "given_key", "identity", "subprotocol_key"]
