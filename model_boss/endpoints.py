@@ -1,7 +1,7 @@
 """The inference routes, declared once: each path a request is served on (the queue, the
 accounting, the serving path and the backends name a request's route by it) and the kind of
 route a key's ``endpoints`` scope names it by (``chat``, ``embeddings``, ``rerank``,
-``images``, ``video``, ``audio``)."""
+``images``, ``video``, ``audio``, ``realtime``)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
 SPEECH = "/v1/audio/speech"
 JOBS = "/api/v1/jobs"
+REALTIME = "/v1/realtime"
 
-KINDS = ("chat", "embeddings", "rerank", "images", "video", "audio")
+KINDS = ("chat", "embeddings", "rerank", "images", "video", "audio", "realtime")
 
 
 def endpoint_kind(path: str) -> str:
@@ -36,4 +37,6 @@ def endpoint_kind(path: str) -> str:
         return "video"
     if "/audio/" in path:
         return "audio"
+    if path == REALTIME:
+        return "realtime"
     return "chat"

@@ -50,7 +50,8 @@ async def health(request: Request, response: Response) -> dict[str, Any]:
 
 @router.get("/api/v1/status")
 async def status(request: Request) -> dict[str, Any]:
-    return await status_document(coordinator_of(request))
+    return await status_document(coordinator_of(request),
+                                 request.app.state.realtime_sessions.status())
 
 
 @router.get("/api/v1/queue")

@@ -14,6 +14,7 @@ from ..services import EDITS, run_job
 from ..services.media.audio import UPLOAD_PATHS
 from ..services.media.sdapi import IMG2IMG
 from ..services.media.videos import VIDEOS
+from ..services.realtime import OpenSessions
 from ..settings import Settings, load_settings
 from . import (
     admin,
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None, *,
         try:
             yield
         finally:
+            await sessions.end_all()  # a stop without a drain (one ran it already)
             await coord.stop()
             if traces is not None:
                 traces.force_flush()
@@ -78,6 +80,9 @@ def create_app(settings: Settings | None = None, *,
                          static_url=DOCS_ASSETS, redoc_url=None)
     offline_redoc(app)
     app.state.coordinator = coord
+    # open /v1/realtime sessions: a stop's drain ends them first (their models are let go)
+    sessions = app.state.realtime_sessions = OpenSessions(coord)
+    coord.drain.on_begin.append(sessions.end_all)
     app.state.boss = coord.boss
     install_error_handlers(app)
     document_bounds(app)

@@ -1,12 +1,17 @@
 """``/v1/realtime``: OpenAI's Realtime API over a WebSocket, on a realtime pipeline of the
 box's own models (``?model=`` names it). The edge has checked the Host, the Origin and the
-key; here the pipeline is found and the key's scope checked before the socket is accepted
-(a refusal is an HTTP answer in the error envelope, before any audio is taken), then each
-text frame is one client event for :class:`~model_boss.services.realtime.RealtimeSession`."""
+key; here, before the socket is accepted, the pipeline is found, the key's scope (all three
+models, the ``realtime`` kind of route), rates and quotas checked, and the three models
+planned together (:class:`~model_boss.services.realtime.OpenSessions`): a refusal is an HTTP
+answer in the error envelope, before any audio is taken. Then each text frame is one client
+event for :class:`~model_boss.services.realtime.RealtimeSession`, and each response asks the
+key's rates again (:class:`KeyTurns`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -14,15 +19,17 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from ..catalog import Category
 from ..catalog.manifest import PipelineSpec
+from ..endpoints import REALTIME
 from ..errors import BadRequest, ModelBossError, ModelNotFound
 from ..services.extensions import Extensions
-from ..services.realtime import RealtimeSession
-from ..tenancy.keys import Identity, identity_of, sees
+from ..services.realtime import OpenSessions, RealtimeSession
+from ..tenancy.keys import Identity, KeyRecord, identity_of, minute_left, sees
 from .errors import error_response
+from .middleware.keys import KeyAdmission
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["openai"])
-REALTIME_PATH = "/v1/realtime"
+REALTIME_PATH = REALTIME
 
 
 def _pipeline(coord: Any, model: str | None, identity: Identity | None) -> PipelineSpec:
@@ -47,12 +54,42 @@ def _pipeline(coord: Any, model: str | None, identity: Identity | None) -> Pipel
     return pipeline
 
 
+class KeyTurns:
+    """A session key's rates and quotas, a response at a time (the session's ``gate``)."""
+
+    def __init__(self, coord: Any, record: KeyRecord) -> None:
+        self.coord, self.record = coord, record
+        self.admission = KeyAdmission(coord.key_windows, coord.usage_spent)
+
+    def admit(self) -> ModelBossError | None:
+        return self.admission.admit(self.record, REALTIME_PATH)
+
+    def rate_limits(self) -> list[dict[str, Any]]:
+        now = time.time()
+        return minute_left(self.record.profile,
+                           self.coord.key_windows.reading(self.record.name, now), now)
+
+
 @router.websocket(REALTIME_PATH)
 async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     coord = websocket.app.state.coordinator
+    sessions: OpenSessions = websocket.app.state.realtime_sessions
     identity = identity_of(websocket.scope)
+    ext = Extensions(identity=identity,
+                     client_id=identity.end_user if identity and not identity.keyed else None)
+    gate = KeyTurns(coord, identity.record) \
+        if identity is not None and identity.record is not None else None
     try:
+        if coord.drain.draining:
+            raise coord.drain.refusal()
         pipeline = _pipeline(coord, model, identity)
+        refused = gate.admit() if gate is not None else None  # opening counts as a request
+        if refused is not None:
+            coord.events.emit("key_refused", key=identity.record.name, code=refused.code,
+                              path=REALTIME_PATH)
+            raise refused
+        priority = sessions.priority(ext)
+        await sessions.check_fit(pipeline, priority)
     except ModelBossError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
@@ -63,9 +100,13 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     async def emit(event: dict[str, Any]) -> None:
         await websocket.send_text(orjson.dumps(event).decode())
 
-    ext = Extensions(identity=identity,
-                     client_id=identity.end_user if identity and not identity.keyed else None)
-    session = RealtimeSession(coord, str(model), pipeline, ext, emit)
+    async def hang_up() -> None:
+        with contextlib.suppress(Exception):  # closed already
+            await websocket.close(code=1001)
+
+    session = RealtimeSession(coord, str(model), pipeline, ext, emit, gate=gate,
+                              hang_up=hang_up)
+    sessions.add(session, ext, priority)
     try:
         await session.open()
         while True:
@@ -73,7 +114,7 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
             if message["type"] == "websocket.disconnect":
                 break
             await session.handle(message.get("text") or message.get("bytes") or b"")
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, RuntimeError):  # gone, or closed by hang_up
         pass
     finally:
-        await session.close()
+        await sessions.remove(session)

@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from ..coordinator import Coordinator
 
 
-async def status_document(coord: Coordinator) -> dict[str, Any]:
+async def status_document(coord: Coordinator,
+                          realtime_sessions: list[dict[str, Any]] | None = None,
+                          ) -> dict[str, Any]:
+    """``realtime_sessions``: the open ``/v1/realtime`` sessions (the services keep them)."""
     usage = await coord.boss.usage()
     leases = await coord.boss.leases()
     queue = queue_status(coord.queue)
@@ -39,6 +42,7 @@ async def status_document(coord: Coordinator) -> dict[str, Any]:
         "pulls": coord.pulls.status(),
         "leases": [lease.to_dict() for lease in leases],
         "models": await model_views(coord, queue["by_model"]),
+        "realtime_sessions": realtime_sessions or [],
         "warnings": [w for w in (coord.exposure_warning,) if w],
     }
 

@@ -101,6 +101,11 @@ class PipelineSpec(BaseModel):
     llm: str = Field(min_length=1)
     voice: str = Field(min_length=1)
 
+    @property
+    def members(self) -> tuple[str, str, str]:
+        """The three models, as named: the transcriber, the chat model, the voice."""
+        return self.transcriber, self.llm, self.voice
+
 
 class ModelManifest(BaseModel):
     """What model-boss needs to serve one model. Worker arguments come only from here."""

@@ -30,6 +30,7 @@ class SlotView:
     allocations: dict[int, int]
     reload_s: float = 0.0      # seconds to bring it back once evicted (CPU tier or disk)
     rate_per_s: float = 0.0    # recent requests per second (decayed)
+    held_priority: int | None = None  # an open session's priority keeping it warm
 
     @property
     def keep_value(self) -> float:
@@ -43,12 +44,14 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
 
     Eligible: READY or OFFLOADED, not pinned, no active request, and either past
     ``unload_at`` or last used at a priority not more important than the incoming one
-    (numerically >=; the incoming priority is the aged one). Order: models no waiting request
-    needs before those in ``wanted`` (the waiting requests' models in serving order; of
-    those, the one needed latest first; every copy of a wanted model is wanted, since a
-    waiting request may go to any of them, and a copy being loaded never evicts its siblings:
-    the planner leaves them out), then expired first, then least important, then the lowest
-    keep value (reload cost × request rate), then least recently used.
+    (numerically >=; the incoming priority is the aged one), and, while an open session
+    holds it, only for a request more important than the session (numerically <). Order:
+    models no waiting request needs before those in ``wanted`` (the waiting requests' models
+    in serving order; of those, the one needed latest first; every copy of a wanted model is
+    wanted, since a waiting request may go to any of them, and a copy being loaded never
+    evicts its siblings: the planner leaves them out), then expired first, then least
+    important, then the lowest keep value (reload cost × request rate), then least recently
+    used.
     """
     position = {model: i for i, model in reversed(list(enumerate(wanted)))}
 
@@ -63,6 +66,7 @@ def evict_candidates(slots: list[SlotView], incoming_priority: int, now: float,
         s for s in slots
         if s.state in (SlotState.READY, SlotState.OFFLOADED) and not s.pinned and s.active == 0
         and (expired(s) or s.last_priority >= incoming_priority)
+        and (s.held_priority is None or incoming_priority < s.held_priority)
     ]
     return sorted(eligible, key=lambda s: (
         needed(s), not expired(s), -s.last_priority, s.keep_value, s.last_used))

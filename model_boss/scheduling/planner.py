@@ -8,10 +8,14 @@ recomputes fit with store reads of its own. The answer is one of:
 - :class:`Evict` — evict ``victims`` (one at a time, best first), then lease ``placement``;
 - :class:`Wait` — it would fit once busy or more important models go idle or expire;
 - :class:`Never` — it cannot fit even with every unpinned model gone.
+
+:func:`together` answers the same question for models that must be resident at once (a
+realtime pipeline's three).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..gpu.placement import LayerCosts, Placement, place
@@ -135,3 +139,45 @@ def _usable(demand: Demand, free_mb: dict[int, int]) -> dict[int, int]:
 def _place(demand: Demand, free_mb: dict[int, int]) -> Placement | None:
     free_mb = _usable(demand, free_mb)
     return place(demand.need_mb, free_mb, allow_split=demand.allow_split, partial=demand.layers)
+
+
+def together(demands: Sequence[Demand], snapshot: Snapshot) -> Never | None:
+    """Whether ``demands`` (a realtime pipeline's models) can be resident at once: None when
+    they can (now, or by evicting what their priority may evict, or once busy models go
+    idle), else :class:`Never` naming the first that cannot fit beside the others, and why.
+
+    Room is the capacity minus the margin, minus what no request at their priority may ever
+    take (pinned models; models held by a session at least as important), minus the members
+    already holding a lease. The rest are placed largest first, each taking its placement
+    out of the room the next one sees. Pure: no I/O, no clock."""
+    members = {demand.key for demand in demands}
+    priority = min((demand.priority for demand in demands), default=0)
+    room = dict(snapshot.ceiling_mb)
+    kept: list[str] = []
+    for view in snapshot.slots:
+        resident = view.key in members and bool(view.allocations)
+        untouchable = view.key not in members and (
+            view.pinned or (view.held_priority is not None
+                            and view.held_priority <= priority))
+        if resident or untouchable:
+            for gpu, mb in view.allocations.items():
+                room[gpu] = max(0, room.get(gpu, 0) - mb)
+        if resident:
+            kept.append(model_of(view.key))
+    loaded = {view.key for view in snapshot.slots if view.allocations}
+    placed: list[str] = []
+    for demand in sorted(demands, key=lambda d: -d.need_mb):
+        if not demand.needs_vram or demand.key in loaded:
+            continue
+        placement = _place(demand, room)
+        if placement is None:
+            beside = ", ".join(f"'{name}'" for name in kept + placed) or "nothing else"
+            where = ", ".join(f"GPU {i}: {mb} MB" for i, mb in room.items()) or "no GPU"
+            return Never(f"'{demand.model_id}' needs {demand.need_mb} MB of VRAM beside "
+                         f"{beside}; at most {where} can be free for it at priority "
+                         f"{priority} (capacity minus margin, pinned models and models "
+                         f"held by sessions at least as important)")
+        for gpu, mb in placement.allocations.items():
+            room[gpu] = room.get(gpu, 0) - mb
+        placed.append(demand.model_id)
+    return None

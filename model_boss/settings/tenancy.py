@@ -7,9 +7,11 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from ..endpoints import KINDS
+
 # what a key may be scoped to, by the routes' kind (docs/SECURITY.md)
-EndpointKind = Literal["chat", "embeddings", "images", "video", "audio", "rerank"]
-ENDPOINT_KINDS: tuple[str, ...] = ("chat", "embeddings", "images", "video", "audio", "rerank")
+EndpointKind = Literal[KINDS]  # type: ignore[valid-type]
+ENDPOINT_KINDS: tuple[str, ...] = KINDS
 
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0)]

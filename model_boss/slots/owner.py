@@ -121,7 +121,7 @@ class SlotOwner:
         s.finished(priority, keep_alive_s)
         if s.active == 0:
             self._drained.set()
-            if s.unload_after_request and not s.pinned:
+            if s.unload_after_request and not s.pinned and not s.holds:
                 s.unload_after_request = False
                 self.pool.spawn(self._quiet(self.unload("keep_alive 0")))
         self.pool.on_change()
@@ -129,6 +129,19 @@ class SlotOwner:
     def set_pinned(self, pinned: bool) -> None:
         self.slot.pinned = pinned
         self.slot.refresh_unload_at()
+
+    def hold(self, holder: str, priority: int) -> None:
+        """``holder`` (an open realtime session) uses the model until :meth:`let_go`: it
+        does not expire, and only a request more important than ``priority`` may evict it."""
+        self.slot.holds[holder] = priority
+        self.slot.refresh_unload_at()
+        self.pool.on_change()
+
+    def let_go(self, holder: str) -> None:
+        """``holder`` no longer uses the model: its stay-warm clock starts now."""
+        if self.slot.holds.pop(holder, None) is not None:
+            self.slot.refresh_unload_at()
+            self.pool.on_change()
 
     # -- lifecycle: public ----------------------------------------------------------------
 

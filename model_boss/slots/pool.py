@@ -174,7 +174,8 @@ class ModelPool(Replicas):
         views = tuple(
             SlotView(s.key, str(s.state), s.pinned, s.active, s.last_used,
                      s.last_priority, s.unload_at, dict(s.lease.allocations) if s.lease else {},
-                     reload_s=self.reload_s(s), rate_per_s=self.rates.rate(s.model_id, now))
+                     reload_s=self.reload_s(s), rate_per_s=self.rates.rate(s.model_id, now),
+                     held_priority=s.held_priority)
             for s in self.slots.values())
         return Snapshot(free,
                         {u.index: max(0, u.capacity_mb - self.boss.margin_mb) for u in usage},

@@ -72,6 +72,8 @@ class ModelSlot:
     # parked worker can onload to
     worker_gpus: tuple[int, ...] | None = None
     unload_after_request: bool = False
+    # open realtime sessions keeping it warm: holder (a session id) -> the session's priority
+    holds: dict[str, int] = field(default_factory=dict)
     replica: int = 1  # its place among the model's copies (docs/SCHEDULING.md, replicas)
     history: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -143,15 +145,21 @@ class ModelSlot:
             if keep_alive_s < 0:
                 self.unload_at = None
 
+    @property
+    def held_priority(self) -> int | None:
+        """The most important priority among its holders (None: nobody holds it)."""
+        return min(self.holds.values()) if self.holds else None
+
     def refresh_unload_at(self, now: float | None = None) -> None:
         now = now if now is not None else time.time()
-        if self.pinned or self.stay_warm_s < 0:
+        if self.pinned or self.holds or self.stay_warm_s < 0:
             self.unload_at = None
         else:
             self.unload_at = now + self.stay_warm_s
 
     def expired(self, now: float) -> bool:
-        return (not self.pinned and self.active == 0 and self.unload_at is not None
+        return (not self.pinned and not self.holds and self.active == 0
+                and self.unload_at is not None
                 and now >= self.unload_at)
 
     @property
@@ -177,6 +185,7 @@ class ModelSlot:
             "pid": self.backend.pid if self.backend else None,
             "port": self.port,
             "pinned": self.pinned,
+            "held_by": sorted(self.holds),
             "active_requests": self.active,
             "parallel": self.parallel, **context_view(manifest),
             "vram_estimate": self.estimate.to_dict() if self.estimate else None,

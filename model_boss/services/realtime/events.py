@@ -40,6 +40,7 @@ class TurnDetection(_Loose):
     prefix_padding_ms: int = Field(default=300, ge=0, le=5000)
     silence_duration_ms: int = Field(default=500, ge=100, le=10000)
     create_response: bool = True
+    interrupt_response: bool = True  # speech heard while an answer runs cancels it
 
 
 class Transcription(_Loose):

@@ -1,7 +1,16 @@
 """One realtime session, transport-neutral: client events in (:meth:`RealtimeSession.handle`),
 server events out through ``emit``. It holds the input audio buffer, the turn detector, the
 conversation and at most one response, which runs as a task the session owns: a turn's
-transcription, its chat answer and each spoken sentence are requests through the queue."""
+transcription, its chat answer and each spoken sentence are requests through the queue, each
+with its own request id under the response's (``resp_…/heard``, ``/answer``, ``/said-N``), so
+the ledger's rows of one turn are found together.
+
+Barge-in: speech heard while a response runs cancels it (``response.done`` with status
+``cancelled``); the answer keeps only the words whose audio was sent, and the client's
+``conversation.item.truncate`` cuts it to what was played (by each sentence's audio length).
+
+A key's rates and quotas (``gate``) are asked before each response, which counts as one
+request; after it, ``rate_limits.updated`` says what is left of the key's minute."""
 
 from __future__ import annotations
 
@@ -11,7 +20,8 @@ import binascii
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import ModelBossError
 from ..extensions import Extensions
@@ -44,17 +54,30 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
+HangUp = Callable[[], Awaitable[None]]
 BYTES_PER_MS = AUDIO_RATE * 2 // 1000
 AUDIO_DELTA_MS = 200  # audio out is sent in pieces of this length
+
+
+class TurnGate(Protocol):
+    """The session key's rates and quotas, asked once per response."""
+
+    def admit(self) -> ModelBossError | None:
+        """Why one more response may not start now (None: it may; it is counted)."""
+
+    def rate_limits(self) -> list[dict[str, Any]]:
+        """What is left of the key's limits, as ``rate_limits.updated`` lists them."""
 
 
 class RealtimeSession:
     """A conversation with a pipeline's three models (see the module's docstring)."""
 
     def __init__(self, coord: Coordinator, model: str, pipeline: PipelineSpec,
-                 ext: Extensions, emit: Emit) -> None:
+                 ext: Extensions, emit: Emit, *, gate: TurnGate | None = None,
+                 hang_up: HangUp | None = None) -> None:
         self.coord, self.model, self.pipeline, self.ext = coord, model, pipeline, ext
-        self.emit = emit
+        self.emit, self.gate, self.hang_up = emit, gate, hang_up
+        self.responses = 0  # responses started
         self.id = new_id("sess")
         self.ext.session_id = self.id
         self.instructions: str | None = None
@@ -77,6 +100,19 @@ class RealtimeSession:
     async def close(self) -> None:
         """End the response in flight, if any (the socket is gone)."""
         await self._cancel_response()
+
+    async def end(self, why: str) -> None:
+        """End the session from this side (the daemon stops): an ``error`` event saying
+        why, the response in flight cancelled, the socket closed."""
+        await self._cancel_response()
+        with contextlib.suppress(Exception):  # the client may be gone already
+            await self.emit(error_event(why, "session_ended", kind="server_error"))
+        if self.hang_up is not None:
+            await self.hang_up()
+
+    @property
+    def responding(self) -> bool:
+        return self.response is not None and not self.response.done()
 
     def describe(self) -> dict[str, Any]:
         fmt = {"type": "audio/pcm", "rate": AUDIO_RATE}
@@ -119,9 +155,7 @@ class RealtimeSession:
                                          previous_item_id=event.previous_item_id,
                                          item=message.item()))
         elif isinstance(event, ItemTruncate):
-            if not self.conversation.truncate(event.item_id, 1.0):
-                raise EventError(f"item_id: no item '{event.item_id}'", "item_not_found",
-                                 "item_id")
+            self.conversation.truncate(event.item_id, event.audio_end_ms)
             await self.emit(server_event("conversation.item.truncated", item_id=event.item_id,
                                          content_index=event.content_index,
                                          audio_end_ms=event.audio_end_ms))
@@ -173,6 +207,8 @@ class RealtimeSession:
                 await self.emit(server_event("input_audio_buffer.speech_started",
                                              audio_start_ms=boundary.audio_start_ms,
                                              item_id=self.speech_item))
+                if self.detection is not None and self.detection.interrupt_response:
+                    await self._cancel_response()  # barge-in
                 continue
             item_id = self.speech_item or new_id("item")
             await self.emit(server_event("input_audio_buffer.speech_stopped",
@@ -208,9 +244,10 @@ class RealtimeSession:
         items = self.conversation.items
         return items[-1].id if items else None
 
-    async def _transcribe(self, audio: bytes, message: Message) -> None:
+    async def _transcribe(self, audio: bytes, message: Message,
+                          request_id: str | None = None) -> None:
         text = await calls.transcribe(self.coord, self.pipeline.transcriber, audio, AUDIO_RATE,
-                                      self.ext, self.language)
+                                      replace(self.ext, request_id=request_id), self.language)
         message.text = text
         await self.emit(server_event("conversation.item.input_audio_transcription.delta",
                                      item_id=message.id, content_index=0, delta=text))
@@ -218,9 +255,14 @@ class RealtimeSession:
                                      item_id=message.id, content_index=0, transcript=text))
 
     def _start_response(self, audio: bytes | None, heard: Message | None = None) -> None:
-        if self.response is not None and not self.response.done():
+        if self.responding:
             raise EventError("a response is in progress: cancel it first",
                              "conversation_already_has_active_response")
+        refused = self.gate.admit() if self.gate is not None else None
+        if refused is not None:
+            raise EventError(refused.message, refused.code or "rate_limited",
+                             refused.param)
+        self.responses += 1
         self.response = asyncio.create_task(self._respond(audio, heard))
 
     async def _cancel_response(self) -> None:
@@ -241,10 +283,11 @@ class RealtimeSession:
             response_id, "in_progress", [], usage)))
         try:
             if audio is not None and heard is not None:
-                await self._transcribe(audio, heard)
+                await self._transcribe(audio, heard, f"{response_id}/heard")
             await self._answer(response_id, item, usage)
         except asyncio.CancelledError:
             status = "cancelled"
+            item.keep_said()  # what was not voiced was never heard
             raise
         except ModelBossError as exc:
             status, error = "failed", exc
@@ -257,8 +300,15 @@ class RealtimeSession:
             if error is not None:
                 await self.emit(error_event(error.message, error.code or "response_failed",
                                             error.param, kind=error.error_type))
-            await asyncio.shield(self.emit(server_event("response.done", response=(
-                self._response(response_id, status, [item.item(status)], usage)))))
+            await asyncio.shield(self._done(response_id, status, item, usage))
+
+    async def _done(self, response_id: str, status: str, item: Message,
+                    usage: dict[str, Any]) -> None:
+        await self.emit(server_event("response.done", response=(
+            self._response(response_id, status, [item.item(status)], usage))))
+        limits = self.gate.rate_limits() if self.gate is not None else []
+        if limits:
+            await self.emit(server_event("rate_limits.updated", rate_limits=limits))
 
     async def _answer(self, response_id: str, item: Message, usage: dict[str, Any]) -> None:
         ids = {"response_id": response_id, "item_id": item.id, "output_index": 0,
@@ -266,25 +316,28 @@ class RealtimeSession:
         messages = self.conversation.messages(self.instructions)
         pending = ""
         async for delta in calls.chat_deltas(self.coord, self.pipeline.llm, messages,
-                                             self.ext, usage, self.max_tokens):
+                                             replace(self.ext, request_id=f"{response_id}/answer"),
+                                             usage, self.max_tokens):
             item.text += delta
             await self.emit(server_event("response.output_audio_transcript.delta", **ids,
                                          delta=delta))
             done, pending = calls.sentences(pending + delta)
             for sentence in done:
-                await self._say(sentence, ids)
+                await self._say(sentence, item, ids)
         if pending.strip():
-            await self._say(pending.strip(), ids)
+            await self._say(pending.strip(), item, ids)
         item.text = item.text.strip()
         await self.emit(server_event("response.output_audio.done", **ids))
         await self.emit(server_event("response.output_audio_transcript.done", **ids,
                                      transcript=item.text))
 
-    async def _say(self, sentence: str, ids: dict[str, Any]) -> None:
+    async def _say(self, sentence: str, item: Message, ids: dict[str, Any]) -> None:
         if not any(char.isalnum() for char in sentence):  # nothing a voice could say
             return
+        ext = replace(self.ext, request_id=f"{ids['response_id']}/said-{len(item.said) + 1}")
         pcm = await calls.speak(self.coord, self.pipeline.voice, sentence, self.voice,
-                                AUDIO_RATE, self.ext)
+                                AUDIO_RATE, ext)
+        item.voiced(sentence, len(pcm) / BYTES_PER_MS)
         step = AUDIO_DELTA_MS * BYTES_PER_MS
         for start in range(0, len(pcm), step):
             await self.emit(server_event("response.output_audio.delta", **ids,

@@ -15,6 +15,7 @@ from .policy import (
     MinuteReading,
     floored_priority,
     kind_in_scope,
+    minute_left,
     model_in_scope,
     refusal,
 )
@@ -26,4 +27,4 @@ __all__ = ["ADMIN_KEY_NAME", "SHARED_KEY_NAME", "EndUserAdmission", "EndUserSpen
            "Identity", "KeyNotFound",
            "KeyRecord", "KeyStore", "MinuteReading", "MinuteWindows",
            "end_user_label", "exposure_warning", "floored_priority", "hash_secret", "identity_of",
-           "kind_in_scope", "model_in_scope", "refusal", "sees", "with_identity"]
+           "kind_in_scope", "minute_left", "model_in_scope", "refusal", "sees", "with_identity"]

@@ -9,6 +9,7 @@ import fnmatch
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import ModelBossError, QuotaExceeded, RateLimited
 from ...settings import ClientProfile
@@ -99,6 +100,30 @@ def refusal(name: str, profile: ClientProfile, *, now: float, minute: MinuteRead
             error.details = {"quota": what, "limit": limit, "used": spent, "resets_at": reset}
             return error
     return None
+
+
+def minute_left(profile: ClientProfile, minute: MinuteReading,
+                now: float) -> list[dict[str, Any]]:
+    """What is left of a key's per-minute rates (those it has), as OpenAI's
+    ``rate_limits.updated`` lists them: each rate's limit, what remains of it, and in how many
+    seconds the oldest use in the window leaves it."""
+    left = []
+    if profile.requests_per_minute is not None:
+        times = sorted(minute.request_times)
+        left.append(_left("requests", profile.requests_per_minute, len(times),
+                          times[0] if times else None, now))
+    if profile.tokens_per_minute is not None:
+        events = sorted(minute.token_events)
+        left.append(_left("tokens", profile.tokens_per_minute, minute.tokens,
+                          events[0][0] if events else None, now))
+    return left
+
+
+def _left(name: str, limit: int, used: int, oldest: float | None,
+          now: float) -> dict[str, Any]:
+    reset = 0.0 if oldest is None else max(0.0, oldest + MINUTE_S - now)
+    return {"name": name, "limit": limit, "remaining": max(0, limit - used),
+            "reset_seconds": round(reset, 1)}
 
 
 def _rate(holder: str, limit: str, wait_s: float) -> RateLimited:
