@@ -50,6 +50,12 @@ SENTENCE_TRANSFORMERS = Requirement("transformers",
                                     ("torch", "transformers", "sentence_transformers"))
 # speech: transformers' pipelines, audio decoded and encoded by PyAV (workers/transformers)
 SPEECH = Requirement("transformers", ("torch", "transformers", "av"))
+# VibeVoice: transformers' generate builds its default noise scheduler from diffusers
+# (DPMSolverMultistepScheduler), and nothing else ships one
+VOICE_CLONING = Requirement("transformers", ("torch", "transformers", "av", "diffusers"))
+# a transformers model's layers streamed from CPU RAM: diffusers' group offloading hooks
+# (workers/transformers/layers.py)
+LAYER_OFFLOAD = ("diffusers",)
 # a realtime pipeline: the coordinator hears turns end with silero-vad (services/realtime)
 REALTIME = Requirement("realtime", ("torch", "silero_vad"))
 LLAMA_NATIVE = Requirement("llama", ("xllamacpp",))
@@ -64,6 +70,7 @@ KINDS: tuple[tuple[str, Requirement | None], ...] = (
     ("diffusers video pipelines", DIFFUSION_VIDEO),
     ("embedders and rerankers (sentence-transformers)", SENTENCE_TRANSFORMERS),
     ("speech recognition and voices (transformers)", SPEECH),
+    ("voices in reference recordings (VibeVoice)", VOICE_CLONING),
     ("realtime pipelines' turn detection (silero-vad)", REALTIME),
     ("cloud remotes, commands, an external llama-server", None),
 )
@@ -106,9 +113,16 @@ def requirement(manifest: ModelManifest,
     if manifest.backend == BackendKind.DIFFUSERS:
         return DIFFUSION_VIDEO if manifest.category == Category.VIDEO else DIFFUSION
     if manifest.backend == BackendKind.TRANSFORMERS:
-        if manifest.category in (Category.STT, Category.TTS):
-            return SPEECH
-        return SENTENCE_TRANSFORMERS
+        from .voices import clones_voices  # numpy: only where a transformers model is
+
+        if clones_voices(manifest.path):
+            return VOICE_CLONING
+        needed = SPEECH if manifest.category in (Category.STT, Category.TTS) \
+            else SENTENCE_TRANSFORMERS
+        counted = isinstance(manifest.gpu_layers, int) and manifest.gpu_layers >= 0
+        if manifest.allow_partial or counted:  # some layers may stream
+            needed = Requirement(needed.extra, (*needed.modules, *LAYER_OFFLOAD))
+        return needed
     if manifest.backend == BackendKind.LLAMA_SERVER:
         worker = manifest.worker or llama_default
         return {LlamaWorker.NATIVE: LLAMA_NATIVE,

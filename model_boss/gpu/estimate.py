@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..catalog.manifest import KV_CACHE_BYTES, BackendKind, ModelManifest
 from .gguf_info import FitProjection, llama_fit, read_gguf_info
-from .safetensors_info import read_headers
+from .placement import LayerCosts, Placement, fixed_layers
+from .safetensors_info import OVERHEAD, BlockLayout, layer_costs_mb, model_layers, read_headers
 
 GGUF_FACTOR = 1.1
 SAFETENSORS_FACTOR = 1.3
@@ -24,9 +25,12 @@ class VramEstimate:
     mb: int
     rung: str  # measured | manifest | llama.cpp-fit | file | file_size | name | default
     detail: str = ""
+    # the whole model's figure when ``mb`` covers only the layers kept on the GPU
+    whole_mb: int | None = None
 
     def to_dict(self) -> dict:
-        return {"mb": self.mb, "rung": self.rung, "detail": self.detail}
+        return {"mb": self.mb, "rung": self.rung, "detail": self.detail,
+                "whole_mb": self.whole_mb}
 
 
 def _dir_size(path: Path, suffixes: tuple[str, ...]) -> int:
@@ -138,11 +142,23 @@ def estimate_vram(
     file_estimator=from_file,
 ) -> VramEstimate:
     """measured → manifest ``vram_mb`` → llama.cpp's own projection (GGUF with the
-    ``xllamacpp`` package) → the file's own metadata → file size → name → 1 GB."""
+    ``xllamacpp`` package) → the file's own metadata → file size → name → 1 GB. A
+    transformers model whose manifest keeps ``gpu_layers`` of its layers on the GPU is
+    estimated at that count (:func:`resident`); ``measured_mb`` is then the figure measured
+    at that count."""
     if measured_mb:
         return VramEstimate(int(measured_mb), "measured", "reported after a previous load")
     if manifest.vram_mb:
         return VramEstimate(manifest.vram_mb, "manifest", "vram_mb in the manifest")
+    whole = _whole(manifest, path, fit_estimator, file_estimator)
+    layers = fixed_layers(manifest.gpu_layers)
+    if layers is None or manifest.backend != BackendKind.TRANSFORMERS:
+        return whole
+    return resident(whole, model_layers(path), layers, manifest.offload_prefetch)
+
+
+def _whole(manifest: ModelManifest, path: Path | None, fit_estimator,
+           file_estimator) -> VramEstimate:
     if fit_estimator is not None and path is not None:
         projected = fit_estimator(manifest, path)
         if projected is not None:
@@ -156,6 +172,50 @@ def estimate_vram(
         if rung is not None:
             return rung
     return VramEstimate(1024, "default", "nothing known; assumed 1 GB")
+
+
+def resident(whole: VramEstimate, layout: BlockLayout | None, gpu_layers: int,
+             prefetch: bool) -> VramEstimate:
+    """What a transformers model leases with ``gpu_layers`` of its repeated blocks on the
+    GPU and the others streamed from CPU RAM, from its safetensors headers: the other
+    weights and the resident blocks with 20 % for activations, and the staging room of the
+    streamed ones (the block in use, and with ``prefetch`` the next one arriving): the rule
+    the planner's partial placement leases by (safetensors_info.layer_costs_mb). ``whole``
+    when every block stays, or the model has no repeated blocks."""
+    if layout is None or gpu_layers >= layout.count:
+        return whole
+    per_layer, fixed = layer_costs_mb(layout, prefetch)
+    costs = LayerCosts(per_layer, fixed, layout.count)
+    staged = 2 if prefetch else 1
+    other = layout.other_bytes * OVERHEAD / 2**20
+    staging = layout.largest_block * staged / 2**20
+    return VramEstimate(
+        costs.mb(gpu_layers), "file",
+        f"{gpu_layers} of {layout.count} layers on the GPU, {layout.count - gpu_layers} "
+        f"streamed from CPU RAM: other weights {other:.0f} MB + {gpu_layers} layers "
+        f"{gpu_layers * per_layer:.0f} MB (weights x{OVERHEAD} for activations) + staging "
+        f"for {staged} layer{'s' * (staged > 1)}{' (prefetch)' * prefetch} {staging:.0f} MB; "
+        f"the whole model: {whole.mb} MB ({whole.detail or whole.rung})",
+        whole_mb=whole.mb)
+
+
+def placed(whole: VramEstimate, placement: Placement | None,
+           layout: BlockLayout | None = None, prefetch: bool = True) -> VramEstimate:
+    """The estimate a slot shows once ``placement`` is made: ``whole``, unless only some of
+    its layers went on the GPU (a partial placement), then what they lease: for a
+    transformers model (its ``layout`` given) :func:`resident`'s figure, else (a GGUF under
+    llama.cpp) the lease the planner sized from its per-layer costs."""
+    if placement is None or placement.gpu_layers is None or not placement.total_layers:
+        return whole
+    layers, total = placement.gpu_layers, placement.total_layers
+    if whole.whole_mb is not None:  # a manifest's own count, placed at another
+        whole = VramEstimate(whole.whole_mb, whole.rung, "safetensors headers")
+    if layout is not None and layout.count == total:
+        return resident(whole, layout, layers, prefetch)
+    return VramEstimate(sum(placement.allocations.values()), whole.rung,
+                        f"{layers} of {total} layers on the GPU, the rest on the CPU: what "
+                        f"the partial placement leases; the whole model: {whole.mb} MB "
+                        f"({whole.detail or whole.rung})", whole_mb=whole.mb)
 
 
 def with_companions(estimate: VramEstimate, files: list[Path]) -> VramEstimate:

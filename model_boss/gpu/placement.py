@@ -40,6 +40,7 @@ class Placement:
             "gpu_layers": self.gpu_layers,
             "total_layers": self.total_layers,
             "share": self.share,
+            "notes": list(self.notes),
         }
 
 
@@ -51,6 +52,23 @@ def layers_on_gpu(placement: Placement | None, wanted: int | str) -> int:
     if placement.gpu_layers is not None:
         return placement.gpu_layers
     return -1 if wanted == "auto" else int(wanted)
+
+
+def fixed_layers(wanted: int | str) -> int | None:
+    """A manifest's own ``gpu_layers`` when it is a count (``auto`` and -1, all: None)."""
+    return wanted if isinstance(wanted, int) and wanted >= 0 else None
+
+
+def partial_layers(placement: Placement | None, wanted: int | str) -> int | None:
+    """The layers a worker keeps on its GPU when it holds only some of its model's there
+    (:func:`layers_on_gpu`'s count); None when the model is whole where it runs (every layer
+    on the GPU, or no GPU at all). A model's learned figures are kept by this count."""
+    if placement is None or not placement.gpus:
+        return None
+    layers = layers_on_gpu(placement, wanted)
+    if layers < 0 or (placement.total_layers is not None and layers >= placement.total_layers):
+        return None
+    return layers
 
 
 def place_single(need_mb: int, free_mb: dict[int, int]) -> Placement | None:
@@ -94,6 +112,19 @@ class LayerCosts:
     fixed_mb: float
     total_layers: int
     min_gpu_layers: int = 0
+    max_gpu_layers: int | None = None  # a manifest's own count: never more (None: all but one)
+
+    def mb(self, layers: int) -> int:
+        """What ``layers`` resident layers lease."""
+        return int(self.fixed_mb + layers * self.per_layer_mb) + 1
+
+    def most_layers(self, room_mb: float) -> int:
+        """The most layers (fewer than all, at most ``max_gpu_layers``) ``room_mb`` holds."""
+        cap = self.total_layers - 1
+        if self.max_gpu_layers is not None:
+            cap = min(cap, self.max_gpu_layers)
+        room = room_mb - self.fixed_mb
+        return max(0, min(cap, int(room // self.per_layer_mb))) if room > 0 else 0
 
 
 def place_partial(free_mb: dict[int, int], costs: LayerCosts) -> Placement | None:
@@ -101,14 +132,30 @@ def place_partial(free_mb: dict[int, int], costs: LayerCosts) -> Placement | Non
     if not free_mb or costs.total_layers < 2 or costs.per_layer_mb <= 0:
         return None
     best = max(free_mb, key=lambda i: (free_mb[i], -i))
-    room = free_mb[best] - costs.fixed_mb
-    layers = min(costs.total_layers - 1, int(room // costs.per_layer_mb)) if room > 0 else 0
+    layers = costs.most_layers(free_mb[best])
     if layers < max(1, costs.min_gpu_layers):
         return None
-    mb = int(costs.fixed_mb + layers * costs.per_layer_mb) + 1
-    return Placement({best: min(mb, free_mb[best])}, "partial", gpu_layers=layers,
-                     total_layers=costs.total_layers,
+    return Placement({best: min(costs.mb(layers), free_mb[best])}, "partial",
+                     gpu_layers=layers, total_layers=costs.total_layers,
                      notes=[f"{layers}/{costs.total_layers} layers on GPU {best}"])
+
+
+def fewer_layers(placement: Placement, layers: int, costs: LayerCosts,
+                 room_mb: dict[int, int], why: str) -> Placement | None:
+    """``placement`` (``layers`` of the model's on its one GPU) re-placed at the layers that
+    fit ``room_mb`` there (the VRAM the GPU really has for it: its lease, less what the worker
+    found missing): fewer than now, never fewer than ``min_gpu_layers`` nor none; None when no
+    such count fits. The lease stays as it was; the note says why the count went down."""
+    if len(placement.allocations) != 1:
+        return None
+    gpu, leased = next(iter(placement.allocations.items()))
+    fits = min(layers - 1, costs.most_layers(min(leased, room_mb.get(gpu, 0))))
+    if fits < max(1, costs.min_gpu_layers):
+        return None
+    return Placement(dict(placement.allocations), "partial", gpu_layers=fits,
+                     total_layers=costs.total_layers,
+                     notes=[f"{fits}/{costs.total_layers} layers on GPU {gpu}, lowered from "
+                            f"{layers}: {why}"])
 
 
 def place(need_mb: int, free_mb: dict[int, int], *, allow_split: bool = True,

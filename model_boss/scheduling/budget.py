@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import RateLimited
+from ..errors import ModelBossError, RateLimited
+from ..gpu.placement import Placement, fixed_layers, partial_layers
 from ..slot_key import slot_key
+from .planner import Evict, Fit
 from .states import SlotState
 
 if TYPE_CHECKING:
+    from ..catalog import ModelManifest
     from ..events import EventBus
     from ..settings import Settings
     from .request import Arrivals, Backlog, QueuedRequest
@@ -62,6 +66,20 @@ def admit(budget_s: float | None, prediction: Prediction,
         retry_after_s=max(1.0, prediction.wait_s + prediction.load_s))
 
 
+def placed_layers(manifest: ModelManifest, placement: Placement | None,
+                  planned: Placement | None) -> int | None:
+    """The layers a model runs with on the GPU when only some are there (None: whole), the
+    count its learned inference figures are kept by: its copy's ``placement`` when it has
+    one (loaded, loading), else the ``planned`` one of a load now, else none (whole)."""
+    return partial_layers(placement or planned, manifest.gpu_layers)
+
+
+def may_run_in_layers(manifest: ModelManifest) -> bool:
+    """Whether a load of the model may keep only some of its layers on the GPU (a count of
+    its own, or as many as fit), so that its inference time depends on its placement."""
+    return manifest.allow_partial or fixed_layers(manifest.gpu_layers) is not None
+
+
 class Admission:
     """The queue's checks on the way in (:class:`~.queue.InferenceQueue` is one): what a
     request is predicted to take, and the 429s of full queues."""
@@ -73,8 +91,26 @@ class Admission:
     arrivals: Arrivals
     _pending: Backlog
 
-    def predict(self, request: QueuedRequest) -> Prediction:
-        """Expected wait + load + inference for ``request`` if it were queued now."""
+    async def planned(self, request: QueuedRequest) -> Placement | None:
+        """For a budget: the planner's placement of a load of the request's model now, when
+        the model is not placed and may run with only some of its layers on the GPU (its
+        inference time is the one learned at the layers that load would give it); else
+        None. Asked before the request counts as queued, so the checks and the queueing
+        after it stay one synchronous step."""
+        slot = self.pool.slots.get(slot_key(request.model_id))
+        entry = self.pool.catalog.find(request.model_id)
+        if (slot is not None and slot.placement is not None) or entry is None \
+                or not may_run_in_layers(entry.manifest):
+            return None
+        with contextlib.suppress(ModelBossError):  # an unknown model fails in dispatch
+            plan = await self.pool.plan(slot_key(request.model_id), request.priority)
+            return plan.placement if isinstance(plan, Fit | Evict) else None
+        return None
+
+    def predict(self, request: QueuedRequest, planned: Placement | None = None) -> Prediction:
+        """Expected wait + load + inference for ``request`` if it were queued now; the
+        inference of its asked length at the learned rate of its model with the layers it
+        runs with (:func:`placed_layers`: its first copy's placement, else ``planned``)."""
         first = slot_key(request.model_id)  # the model's first copy
         slot = self.pool.slots.get(first)
         learned = self.pool.learned
@@ -83,14 +119,17 @@ class Admission:
         # more important one
         ahead = (slot.active if slot else 0) + self._pending.of_model(request.model_id,
                                                                       request.priority)
-        size = 0
-        if not warm:
-            entry = self.pool.catalog.find(request.model_id)
-            size = self.pool.estimate(entry).mb if entry else 0
+        size, layers = 0, None
+        entry = self.pool.catalog.find(request.model_id)
+        if entry is not None:
+            layers = placed_layers(entry.manifest, slot.placement if slot else None, planned)
+            if not warm:
+                size = self.pool.estimate(entry).mb
         return predict(warm=warm, loading=self.pool.is_loading(first),
                        ahead=ahead, parallel=slot.parallel if slot else 1,
                        load_s=learned.predicted_load_s(request.model_id, size),
-                       infer_s=learned.predicted_infer_s(request.model_id))
+                       infer_s=learned.predicted_infer_s(request.model_id, request.work,
+                                                         layers))
 
     def _check_limits(self, request: QueuedRequest) -> None:
         """Refuse with 429 when the queue, the client's share of it, the model's or (under a

@@ -1,7 +1,10 @@
 """LearnedStats: per-model figures learned from what actually happened, kept across restarts.
 
 Cold-load and inference seconds are exponentially weighted moving averages; VRAM is the last
-real measurement. Saved as JSON in ``state_dir/learned.json``.
+real measurement. A model that ran with only some of its layers on the GPU (a partial
+offload: placement.partial_layers) has its inference and VRAM figures kept apart for each
+such count, since a model at 20 of 28 layers is slower and smaller than at 28. Saved as JSON
+in ``state_dir/learned.json``.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -21,9 +24,9 @@ SAVE_EVERY_S = 10.0
 
 
 @dataclass(slots=True)
-class ModelStats:
-    load_s: float | None = None
-    loads: int = 0
+class RunStats:
+    """How a model runs with a number of its layers on the GPU."""
+
     infer_s: float | None = None
     requests: int = 0
     vram_mb: int | None = None
@@ -31,9 +34,59 @@ class ModelStats:
     # learned from the requests that said their length
     s_per_unit: float | None = None
 
+    def observe(self, seconds: float, work: float | None) -> None:
+        self.infer_s = round(ewma(self.infer_s, seconds), 4)
+        self.requests += 1
+        if work:
+            self.s_per_unit = round(ewma(self.s_per_unit, seconds / work), 6)
+
+    def infer_time(self, work: float | None) -> float | None:
+        """One request's time: ``work`` units at the learned rate where both are known, else
+        the learned mean request; None before any."""
+        if work and self.s_per_unit is not None:
+            return work * self.s_per_unit
+        return self.infer_s
+
+
+@dataclass(slots=True)
+class ModelStats(RunStats):
+    """The model's figures: its loads, and how it runs whole (every layer on the GPU, or on
+    the CPU with no GPU at all); ``layers``: how it runs with only N layers on the GPU, by
+    N."""
+
+    load_s: float | None = None
+    loads: int = 0
+    layers: dict[int, RunStats] = field(default_factory=dict)
+
+    def at(self, layers: int | None) -> RunStats:
+        """The figures of a run with ``layers`` on the GPU (None: whole)."""
+        if layers is None:
+            return self
+        found = self.layers.get(layers)
+        if found is None:
+            found = self.layers[layers] = RunStats()
+        return found
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelStats:
+        layers = {int(n): RunStats(**figures)
+                  for n, figures in (data.pop("layers", None) or {}).items()}
+        return cls(**data, layers=layers)
+
 
 def ewma(old: float | None, new: float) -> float:
     return new if old is None else (ALPHA * new + (1 - ALPHA) * old)
+
+
+def nearest(counts: list[int], layers: int | None) -> int | None:
+    """Of the layer counts a model has figures for, the one closest to ``layers`` (None:
+    whole, closest to the most), the fewer of two as close (the slower: a prediction that
+    errs, errs long); None when there are none."""
+    if not counts:
+        return None
+    if layers is None:
+        return max(counts)
+    return min(counts, key=lambda n: (abs(n - layers), n))
 
 
 class LearnedStats:
@@ -55,32 +108,49 @@ class LearnedStats:
         stats.loads += 1
         self._touch()
 
-    def observe_inference(self, model_id: str, seconds: float,
-                          work: float | None = None) -> None:
-        """A request served in ``seconds``; ``work``: the units it asked for, when it said."""
-        stats = self.get(model_id)
-        stats.infer_s = round(ewma(stats.infer_s, seconds), 4)
-        stats.requests += 1
-        if work:
-            stats.s_per_unit = round(ewma(stats.s_per_unit, seconds / work), 6)
+    def observe_inference(self, model_id: str, seconds: float, work: float | None = None,
+                          layers: int | None = None) -> None:
+        """A request served in ``seconds``; ``work``: the units it asked for, when it said;
+        ``layers``: the model's layers on the GPU when only some were (None: whole)."""
+        self.get(model_id).at(layers).observe(seconds, work)
         self._touch()
 
-    def observe_vram(self, model_id: str, mb: int) -> None:
-        self.get(model_id).vram_mb = int(mb)
+    def observe_vram(self, model_id: str, mb: int, layers: int | None = None) -> None:
+        """The VRAM the model's worker really holds, with ``layers`` on the GPU (None:
+        whole)."""
+        self.get(model_id).at(layers).vram_mb = int(mb)
         self._touch()
+
+    def measured_vram(self, model_id: str, layers: int | None = None) -> int | None:
+        """The VRAM measured with ``layers`` on the GPU (None: whole); another count's
+        figure is never this one's."""
+        stats = self.models.get(model_id)
+        if stats is None:
+            return None
+        return stats.vram_mb if layers is None else \
+            (stats.layers[layers].vram_mb if layers in stats.layers else None)
 
     def predicted_load_s(self, model_id: str, size_mb: int) -> float:
         """Learned EWMA, else a figure derived from the model's size."""
         learned = self.get(model_id).load_s
         return learned if learned is not None else LOAD_BASE_S + size_mb / LOAD_MB_PER_S
 
-    def predicted_infer_s(self, model_id: str, work: float | None = None) -> float:
-        """One request's serving time: ``work`` units at the model's learned rate, where both
-        are known; else its learned mean request (0 before any)."""
+    def predicted_infer_s(self, model_id: str, work: float | None = None,
+                          layers: int | None = None) -> float:
+        """One request's serving time with ``layers`` on the GPU (None: whole): ``work``
+        units at the learned rate, where both are known, else the learned mean request; of
+        the figures learned at that count, else at the nearest count learned
+        (:func:`nearest`), else whole; 0 before any."""
         stats = self.get(model_id)
-        if work and stats.s_per_unit is not None:
-            return work * stats.s_per_unit
-        return stats.infer_s or 0.0
+        learned = [n for n, run in stats.layers.items() if run.requests]
+        closest = nearest(learned, layers)
+        runs = [stats.layers[n] for n in (layers, closest) if n is not None and n in learned]
+        runs.insert(0 if layers is None else len(runs), stats)
+        for run in runs:
+            seconds = run.infer_time(work)
+            if seconds is not None:
+                return seconds
+        return 0.0
 
     def _touch(self) -> None:
         """Mark changed; write at most every SAVE_EVERY_S (and on shutdown) to keep disk
@@ -99,7 +169,8 @@ class LearnedStats:
             return
         try:
             data = json.loads(self.path.read_text())
-            self.models = {k: ModelStats(**v) for k, v in data.get("models", {}).items()}
+            self.models = {k: ModelStats.from_dict(dict(v))
+                           for k, v in data.get("models", {}).items()}
         except (OSError, ValueError, TypeError) as exc:
             log.warning("ignoring unreadable learned stats %s: %s", self.path, exc)
 

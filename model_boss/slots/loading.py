@@ -3,11 +3,17 @@
 Room first (the pool carries out the planner's plan and hands back a lease), then either a cold
 start of a new worker or an onload of the parked one; READY only if the lease is still the
 slot's and the worker still alive. A failure stops whatever was started and releases the lease.
+
+A model that may keep only some of its layers on the GPU (``allow_partial``) and finds less
+VRAM than planned (its worker runs out of memory while it loads, or reports holding more than
+its lease) is started again once, in the same lease, with the layers that fit
+(placement.fewer_layers); a ``layers_lowered`` event and the placement's notes say so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import time
@@ -15,10 +21,14 @@ from typing import TYPE_CHECKING
 
 from ..backends.base import InferenceBackend
 from ..backends.processes import free_port
+from ..catalog import BackendKind
 from ..errors import LoadFailed, ModelBossError
+from ..gpu.estimate import placed
 from ..gpu.lease import Lease
-from ..gpu.placement import Placement
+from ..gpu.placement import Placement, fewer_layers, fixed_layers, layers_on_gpu
+from ..gpu.safetensors_info import model_layers
 from .progress import LoadProgress
+from .reclaim import driver_free
 from .slot import SlotState
 
 if TYPE_CHECKING:
@@ -45,6 +55,7 @@ class SlotLoad:
         self.progress = LoadProgress(owner.pool.events, owner.model_id)
         self.cancellable = True
         self.cancel_reason: str | None = None
+        self.lowered = False  # its layers were lowered once (never twice in one load)
 
     async def run(self) -> None:
         s, priority = self.owner.slot, self.priority
@@ -55,8 +66,9 @@ class SlotLoad:
                 s.entry = entry  # a reload's new manifest applies from this load on
                 s.estimate = self.owner.pool.estimate(entry)
                 lease, placement = await self.owner.pool.make_room(self.owner, priority)
-                if s.state == S.OFFLOADED and not _sees(s.worker_gpus, placement):
-                    await self._retire_parked(lease, placement)
+                self._placed(placement)
+                if s.state == S.OFFLOADED:
+                    placement = await self._parked_plan(lease, placement)
                 if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
                     await self._onload(lease, placement, priority)
                     break
@@ -64,7 +76,8 @@ class SlotLoad:
                     await self._cold_start(lease, placement, priority)
                     break
                 except ModelBossError as exc:
-                    if attempt == OOM_RETRIES or not OUT_OF_MEMORY.search(exc.message):
+                    if attempt == OOM_RETRIES or not OUT_OF_MEMORY.search(exc.message) \
+                            or self.lowered:
                         raise
                     self._claim_more(exc)
                     self.cancellable = True  # the next attempt makes room again
@@ -74,6 +87,62 @@ class SlotLoad:
                                  or type(exc).__name__)
             raise
         self.progress.report("ready")
+
+    def _placed(self, placement: Placement | None) -> None:
+        """The slot's estimate as placed: only the resident layers' when only some are on
+        the GPU. A manifest's own count placed lower (less free VRAM than it needs) is said."""
+        s = self.owner.slot
+        if s.estimate is None or placement is None or placement.gpu_layers is None:
+            return
+        manifest = s.entry.manifest
+        s.estimate = placed(s.estimate, placement, self._layout(),
+                            manifest.offload_prefetch)
+        wanted = fixed_layers(manifest.gpu_layers)
+        if wanted is not None and placement.gpu_layers < wanted:
+            self._say_lowered(wanted, placement, f"less free VRAM than {wanted} layers need")
+
+    def _layout(self):
+        """The model's repeated blocks, for a transformers model (its safetensors headers)."""
+        entry = self.owner.slot.entry
+        if entry.manifest.backend != BackendKind.TRANSFORMERS:
+            return None
+        return model_layers(entry.path)
+
+    def _say_lowered(self, before: int, placement: Placement, why: str) -> None:
+        log_line = (f"{before} layers on the GPU lowered to {placement.gpu_layers} of "
+                    f"{placement.total_layers}: {why}")
+        self.owner.pool.events.emit("layers_lowered", model=self.owner.model_id,
+                                    from_layers=before, to_layers=placement.gpu_layers,
+                                    total_layers=placement.total_layers, gpus=placement.gpus,
+                                    reason=log_line)
+
+    async def _fewer_layers(self, placement: Placement | None, lease: Lease | None,
+                            why: str, short_by: float) -> Placement | None:
+        """Once per load, for a model that may keep fewer layers (``allow_partial``) and
+        keeps some on one GPU: ``placement`` at the layers that fit its lease's VRAM when
+        the GPU has ``short_by`` times less than planned for them (and less than the driver
+        says is free there, where it says); None when that is not such a model, or when no
+        count of at least ``min_gpu_layers`` fits."""
+        s = self.owner.slot
+        costs = self.owner.pool.layer_costs(s.entry)
+        if self.lowered or costs is None or placement is None or lease is None \
+                or len(placement.allocations) != 1:
+            return None
+        now = layers_on_gpu(placement, s.entry.manifest.gpu_layers)
+        now = costs.total_layers if now < 0 else now
+        room = {gpu: int(mb / short_by) for gpu, mb in lease.allocations.items()}
+        for gpu, free in (await driver_free(self.owner.pool.boss)).items():
+            if gpu in room:
+                room[gpu] = min(room[gpu], free + lease.allocations[gpu])
+        lowered = fewer_layers(placement, now, costs, room, why)
+        if lowered is None:
+            return None
+        self.lowered = True
+        self._say_lowered(now, lowered, why)
+        if s.estimate is not None:
+            s.estimate = placed(s.estimate, lowered, self._layout(),
+                                s.entry.manifest.offload_prefetch)
+        return lowered
 
     def _claim_more(self, exc: ModelBossError) -> None:
         """The worker ran out of GPU memory while loading: the lease was too small for it.
@@ -87,16 +156,58 @@ class SlotLoad:
                                     reason=f"out of memory at {old_mb} MB; retried with "
                                            f"{new_mb} MB", error=exc.message[:300])
 
-    async def _retire_parked(self, lease: Lease | None, placement: Placement | None) -> None:
-        """The parked worker sees other GPUs than the lease's (its CUDA_VISIBLE_DEVICES is
-        fixed at start): onloading it would put weights where this lease holds no VRAM. Stop
-        it; the load goes on as a cold start on the leased GPUs."""
+    async def _parked_plan(self, lease: Lease | None,
+                           placement: Placement | None) -> Placement | None:
+        """A parked worker comes back as it was parked: on the GPUs it sees (its
+        CUDA_VISIBLE_DEVICES is fixed at start) with the layers it kept on them (its offload
+        plan: the streamed blocks never left CPU RAM), which the placement then says. When
+        the new lease is on other GPUs, or too small for those layers, the parked worker is
+        stopped and the load goes on as a cold start on ``placement``."""
+        s = self.owner.slot
+        if not _sees(s.worker_gpus, placement):
+            await self._retire_parked(lease, f"parked on GPUs {list(s.worker_gpus or ())}, "
+                                             f"leased {placement.gpus if placement else []}")
+            return placement
+        kept = await self._parked_layers()
+        if kept is None or placement is None or s.estimate is None:
+            return placement
+        layers, total = kept
+        plan = Placement(dict(placement.allocations), "partial", gpu_layers=layers,
+                         total_layers=total,
+                         notes=[f"{layers}/{total} layers on GPU "
+                                f"{','.join(map(str, placement.gpus))}: the plan it was "
+                                f"parked with"])
+        need = placed(s.estimate, plan, self._layout(), s.entry.manifest.offload_prefetch)
+        if len(placement.allocations) == 1 and sum(placement.allocations.values()) >= need.mb:
+            s.estimate = need
+            return plan
+        await self._retire_parked(lease, f"parked with {layers} of {total} layers on the "
+                                         f"GPU, which need {need.mb} MB; leased "
+                                         f"{sum(placement.allocations.values())} MB")
+        return placement
+
+    async def _parked_layers(self) -> tuple[int, int] | None:
+        """The layers the parked worker keeps on its GPU, of its model's (its report), when
+        it streams the others; None when it holds its model whole."""
+        backend = self.owner.slot.backend
+        try:
+            report = await backend.report() if backend is not None else {}
+        except Exception:  # a worker that cannot say: its onload will tell
+            return None
+        layers, total = report.get("gpu_layers"), report.get("total_layers")
+        if isinstance(layers, int) and isinstance(total, int) and 0 <= layers < total:
+            return layers, total
+        return None
+
+    async def _retire_parked(self, lease: Lease | None, why: str) -> None:
+        """The parked worker cannot take the new lease (it sees other GPUs, or keeps more
+        layers than the lease holds): onloading it would put weights where this lease holds
+        no VRAM. Stop it; the load goes on as a cold start on the leased GPUs."""
         s = self.owner.slot
         self.cancellable = False  # a stop cut short would leave the worker running
         try:
-            s.transition(S.STOPPING, f"parked on GPUs {list(s.worker_gpus or ())}, leased "
-                         f"{placement.gpus if placement else []}: cold start instead")
-            await self.owner.stop_worker("parked worker sees other GPUs than its new lease")
+            s.transition(S.STOPPING, f"{why}: cold start instead")
+            await self.owner.stop_worker(f"parked worker cannot take its new lease: {why}")
         except BaseException as exc:
             await self._abandon_load(None, lease, exc)
             raise
@@ -113,19 +224,23 @@ class SlotLoad:
                               gpus=placement.gpus if placement else [],
                               vram_mb=s.estimate.mb if s.estimate else 0,
                               rung=s.estimate.rung if s.estimate else "")
-        backend: InferenceBackend | None = None
         try:
-            backend = self.owner.pool.new_backend(s.entry)
-            backend.on_exit = lambda code, b=backend: self.owner.worker_exited(b, code)
-            # the worker tells its stages (and a fraction where it can) while it starts
-            backend.on_progress = self.progress.report
-            s.backend, s.port = backend, free_port()
-            self.progress.report("starting")
-            await backend.start(s.port, placement)
-            s.port = backend.port or s.port  # a spare worker came with its own
-            self._check_still_mine(lease, backend)
+            try:
+                backend = await self._start(lease, placement)
+            except Exception as exc:
+                said = exc.message if isinstance(exc, ModelBossError) else str(exc)
+                lowered = await self._fewer_layers(
+                    placement, lease, f"out of memory while loading: {said[:200]}",
+                    OOM_GROWTH) if OUT_OF_MEMORY.search(said) else None
+                if lowered is None:
+                    raise
+                backend = await self._restart(lease, lowered)  # once, in the same lease
+            else:
+                lowered = await self._short_of_vram(backend, lease, placement)
+                if lowered is not None:
+                    backend = await self._restart(lease, lowered)
         except BaseException as exc:
-            await self._abandon_load(backend, lease, exc)
+            await self._abandon_load(s.backend, lease, exc)
             if isinstance(exc, ModelBossError) or not isinstance(exc, Exception):
                 raise
             raise LoadFailed(f"loading '{self.owner.model_id}' failed: {exc}") from exc
@@ -141,6 +256,50 @@ class SlotLoad:
         self.owner.pool.events.emit("loaded", model=self.owner.model_id, seconds=s.last_load_s,
                               pid=backend.pid, port=s.port)
         self.owner.pool.spawn(self.owner.pool.learn_footprint(s, backend))
+
+    async def _start(self, lease: Lease | None,
+                     placement: Placement | None) -> InferenceBackend:
+        """A new worker for the slot, started on ``placement`` (the slot's from now on)."""
+        s = self.owner.slot
+        s.placement = placement
+        backend = self.owner.pool.new_backend(s.entry)
+        backend.on_exit = lambda code, b=backend: self.owner.worker_exited(b, code)
+        # the worker tells its stages (and a fraction where it can) while it starts
+        backend.on_progress = self.progress.report
+        s.backend, s.port = backend, free_port()
+        self.progress.report("starting")
+        await backend.start(s.port, placement)
+        s.port = backend.port or s.port  # a spare worker came with its own
+        self._check_still_mine(lease, backend)
+        return backend
+
+    async def _restart(self, lease: Lease | None, placement: Placement) -> InferenceBackend:
+        """The worker started so far stopped, and a new one started on ``placement``."""
+        s = self.owner.slot
+        old, s.backend = s.backend, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+        return await self._start(lease, placement)
+
+    async def _short_of_vram(self, backend: InferenceBackend, lease: Lease | None,
+                             placement: Placement | None) -> Placement | None:
+        """A worker that keeps some layers on a GPU and reports holding more VRAM there than
+        its lease (the CUDA allocator's figure): the placement at the layers that fit, the
+        costs grown by what it holds over what was leased; None when it holds no more (or
+        reports no CUDA figure, as on the CPU)."""
+        if lease is None or placement is None or self.owner.pool.layer_costs(
+                self.owner.slot.entry) is None:
+            return None
+        report = await backend.report()
+        memory = report.get("memory") or {}
+        held = memory.get("cuda_reserved_mb") or memory.get("cuda_allocated_mb")
+        leased = sum(lease.allocations.values())
+        if not held or held <= leased:
+            return None
+        return await self._fewer_layers(
+            placement, lease, f"the worker holds {int(held)} MB of VRAM, its lease "
+                              f"{leased} MB", held / leased)
 
     async def _onload(self, lease: Lease | None, placement: Placement | None,
                       priority: int) -> None:

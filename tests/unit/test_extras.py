@@ -19,6 +19,7 @@ from model_boss.catalog.extras import (
     LLAMA_NATIVE,
     SENTENCE_TRANSFORMERS,
     SPEECH,
+    VOICE_CLONING,
     default_llama_worker,
     install_hint,
     module_found,
@@ -179,3 +180,37 @@ def test_an_adapter_of_a_base_whose_extra_is_missing_says_so(tmp_path):
     catalog = Catalog([base], tmp_path, importable=lambda module: module != "torch")
     reason = catalog.get("styled").unavailable_reason
     assert "its base 'sd' is unavailable" in reason and "'diffusion' extra" in reason
+
+
+def _vibevoice(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "vibevoice"}))
+    return folder
+
+
+@pytest.mark.parametrize(("fields", "modules"), [
+    ({"category": C.TTS}, SPEECH.modules),  # a VITS voice: transformers' pipeline alone
+    ({"category": C.EMBEDDING}, SENTENCE_TRANSFORMERS.modules),
+    # layers streamed from CPU RAM: diffusers' group offloading hooks
+    ({"category": C.TTS, "allow_partial": True}, (*SPEECH.modules, "diffusers")),
+    ({"category": C.EMBEDDING, "gpu_layers": 2},
+     (*SENTENCE_TRANSFORMERS.modules, "diffusers")),
+    ({"category": C.EMBEDDING, "gpu_layers": -1}, SENTENCE_TRANSFORMERS.modules),
+])
+def test_layers_streamed_need_diffusers(tmp_path, fields, modules):
+    needed = requirement(ModelManifest(id="m", backend=B.TRANSFORMERS, path=str(tmp_path),
+                                       **fields))
+    assert needed.extra == "transformers" and needed.modules == modules
+
+
+def test_a_vibevoice_without_diffusers_is_unavailable_naming_it(tmp_path):
+    folder = _vibevoice(tmp_path / "vibevoice")
+    voice = ModelManifest(id="vv", backend=B.TRANSFORMERS, category=C.TTS, path=str(folder))
+    assert requirement(voice) == VOICE_CLONING and "diffusers" in VOICE_CLONING.modules
+    catalog = Catalog([voice, ModelManifest(id="vits", backend=B.TRANSFORMERS,
+                                            category=C.TTS, path=str(tmp_path))],
+                      tmp_path, importable=lambda module: module != "diffusers")
+    reason = catalog.get("vv").unavailable_reason
+    assert "lacks the 'transformers' extra (no module named 'diffusers')" in reason
+    assert "setup.sh llama,transformers" in reason
+    assert catalog.get("vits").available  # a VITS voice samples with no scheduler
