@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from ..errors import BudgetExceeded, CapacityExceeded, ModelBossError, ModelUnavailable
 from ..events import EventBus
+from ..gpu.placement import partial_layers
 from ..settings import Settings
 from ..slot_key import SlotKey, slot_key
 from ..tenancy.usage import Meter
@@ -87,6 +88,7 @@ class InferenceQueue(Admission):
 
     async def acquire(self, request: QueuedRequest) -> SlotTicket:
         """Queue ``request`` and wait for a slot. Cancelling the caller dequeues it."""
+        planned = await self.planned(request) if request.budget_s is not None else None
         if (arrived := ARRIVING.get()) is not None:
             arrived()  # from here on it counts as queued, or is refused
         cooldown = self.requestors.cooldown_left(request.model_id)
@@ -96,7 +98,8 @@ class InferenceQueue(Admission):
                                    code="model_cooling_down")
         self._check_limits(request)
         if request.budget_s is not None:
-            decision = admit(request.budget_s, self.predict(request), request.budget_given_s)
+            decision = admit(request.budget_s, self.predict(request, planned),
+                             request.budget_given_s)
             if not decision.admitted:
                 self.requestors.get(request.client_id).rejected += 1
                 self.events.emit("budget_refused", model=request.model_id,
@@ -201,7 +204,9 @@ class InferenceQueue(Admission):
             self._held = False
         duration = time.monotonic() - ticket.started
         if ok:
-            self.pool.learned.observe_inference(slot.model_id, duration, request.work)
+            self.pool.learned.observe_inference(
+                slot.model_id, duration, request.work,
+                partial_layers(slot.placement, slot.entry.manifest.gpu_layers))
         self.request_log.finished(ticket, ok, duration, self.pool.learned.get(slot.model_id).load_s)
         self.meter.finished(ticket, ok, client_fault, duration)
         client = request.client_id

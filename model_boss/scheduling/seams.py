@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from ..catalog import Catalog, CatalogEntry
 from ..gpu.estimate import VramEstimate
+from ..gpu.placement import Placement
 from ..slot_key import SlotKey
 from .learned import LearnedStats
 from .planner import Plan
@@ -26,6 +27,7 @@ class SlotReading(Protocol):
     active: int
     parallel: int
     estimate: VramEstimate | None
+    placement: Placement | None  # its GPUs and, partly offloaded, its layers there
     backend: Any  # the worker a granted request is sent to
     loaded_at: float | None  # when it last became READY from a load or an onload
     ready_in_s: float  # how long that load or onload took
