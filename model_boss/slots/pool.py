@@ -20,7 +20,7 @@ from ..gpu.boss import GPUBoss
 from ..gpu.estimate import VramEstimate, estimate_vram, with_companions
 from ..gpu.gguf_info import layer_costs_mb, read_gguf_info
 from ..gpu.lease import Lease
-from ..gpu.placement import LayerCosts, Placement
+from ..gpu.placement import LayerCosts, Placement, fixed_layers, partial_layers
 from ..gpu.safetensors_info import layer_costs_mb as safetensors_layer_costs
 from ..gpu.safetensors_info import model_layers
 from ..scheduling import planner
@@ -117,8 +117,9 @@ class ModelPool(Replicas):
         return self.settings.stay_warm_for(str(manifest.category))
 
     def estimate(self, entry: CatalogEntry) -> VramEstimate:
-        found = estimate_vram(entry.manifest, entry.path,
-                              measured_mb=self.learned.get(entry.manifest.id).vram_mb)
+        manifest = entry.manifest  # measured at the manifest's own count of GPU layers
+        found = estimate_vram(manifest, entry.path, measured_mb=self.learned.measured_vram(
+            manifest.id, fixed_layers(manifest.gpu_layers)))
         return with_companions(found, entry.companions(self.settings.models_path))
 
     def footprint_mb(self, slot: ModelSlot) -> int:
@@ -137,7 +138,8 @@ class ModelPool(Replicas):
             if layout is None:
                 return None
             per_layer, fixed = safetensors_layer_costs(layout, manifest.offload_prefetch)
-            return LayerCosts(per_layer, fixed, layout.count, manifest.min_gpu_layers)
+            return LayerCosts(per_layer, fixed, layout.count, manifest.min_gpu_layers,
+                              fixed_layers(manifest.gpu_layers))
         if manifest.backend != BackendKind.LLAMA_SERVER:
             return None
         info = read_gguf_info(entry.path)
@@ -356,7 +358,8 @@ class ModelPool(Replicas):
         if footprint:
             slot.measured_mb = int(footprint)
         if vram:
-            self.learned.observe_vram(slot.model_id, int(vram))
+            self.learned.observe_vram(slot.model_id, int(vram), partial_layers(
+                slot.placement, slot.entry.manifest.gpu_layers))
         if footprint:
             self.events.emit("measured", model=slot.model_id, mb=int(footprint),
                              vram=bool(vram), loads_from_disk=report.get("loads_from_disk"))
