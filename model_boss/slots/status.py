@@ -66,9 +66,8 @@ def processor(pool: PoolReading, slot: ModelSlot) -> ProcessorSplit:
         total = layer_count(entry.path)
     sources = {g.index: g.source for g in pool.boss.gpus}
     size = max(pool.footprint_mb(slot), slot.ram_reserved_mb)
-    if slot.placement is not None and slot.placement.gpu_layers is not None \
-            and slot.estimate is not None:  # partly offloaded: the whole model's need
-        size = max(size, slot.estimate.mb)
+    if slot.estimate is not None and slot.estimate.whole_mb:  # partly offloaded
+        size = max(size, slot.estimate.whole_mb)
     return processor_split(
         tier=slot.tier, size_mb=size,
         leased_mb=sum(allocations.values()), gpu_layers=gpu_layers, total_layers=total,
