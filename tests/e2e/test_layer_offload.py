@@ -85,6 +85,24 @@ def test_an_embedder_split_embeds_as_the_whole_and_keeps_its_plan_parked(embedde
     assert [v.tolist() for v, _ in split.embed(texts)] == [v.tolist() for v in expected]
 
 
+def test_the_streamed_blocks_and_their_hooks_go_with_the_model(embedder):
+    """Nothing outside the model holds a streamed block, its hook or its staged copies (no
+    registry, no cache): once the worker lets its model go, they are collected. (On CUDA the
+    pinned copies and the stream belong to the same hooks; the worker's process ends with its
+    model, which the daemon test below sees.)"""
+    import gc
+    import weakref
+
+    split = engine(embedder, "embedding", 1)
+    blocks = split.layers.streamed
+    hooks = [block._diffusers_hook for block in blocks]
+    watched = [weakref.ref(x) for x in (*blocks, *hooks, split.model)]
+    split.embed(["a forward through every hook"])
+    del split, blocks, hooks
+    gc.collect()
+    assert [ref() for ref in watched] == [None] * len(watched)
+
+
 def test_every_layer_wanted_is_no_split(embedder):
     for wanted in (-1, LAYERS, LAYERS + 3):
         assert engine(embedder, "embedding", wanted).layers is None
@@ -172,3 +190,40 @@ def test_the_daemon_splits_and_counts_the_layers(server, model, layers):
     ps = subprocess.run([sys.executable, "-m", "model_boss", "--url", server.url, "ps"],
                         capture_output=True, text=True, timeout=30)
     assert ps.returncode == 0 and label[:26] in ps.stdout
+
+
+def test_a_parked_model_comes_back_with_its_plan_and_goes_whole(server):
+    """The CPU-RAM tier keeps the plan the planner gave: parked and asked for again, the same
+    worker comes back with its layers as they were (the placement says so), and an unload
+    ends the worker that held the streamed blocks."""
+    def slot() -> dict:
+        return next(s for s in server.status()["slots"] if s["model"] == "auto")
+
+    httpx.post(server.url + "/v1/embeddings", json={"model": "auto", "input": "a cat"},
+               timeout=120).raise_for_status()
+    pid = slot()["pid"]
+    parked = httpx.post(server.url + "/api/v1/models/auto/offload", timeout=60).json()
+    assert parked["offloaded"] is True and slot()["state"] == "offloaded"
+    httpx.post(server.url + "/v1/embeddings", json={"model": "auto", "input": "a dog"},
+               timeout=120).raise_for_status()
+    back = slot()
+    assert back["pid"] == pid and back["placement"]["gpu_layers"] == LAYERS - 1
+    assert back["placement"]["notes"] == [
+        f"{LAYERS - 1}/{LAYERS} layers on GPU 0: the plan it was parked with"]
+    assert worker_health(back)["gpu_layers"] == LAYERS - 1
+    estimate = back["vram_estimate"]
+    assert estimate["whole_mb"] == 5000 and estimate["mb"] < 5000
+    assert estimate["detail"].startswith(f"{LAYERS - 1} of {LAYERS} layers on the GPU")
+    httpx.post(server.url + "/api/v1/models/auto/unload", timeout=60).raise_for_status()
+    import os
+    import time
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"worker {pid} still running after the unload")
+    assert slot()["state"] == "idle" and slot()["lease"] is None
