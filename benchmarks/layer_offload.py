@@ -5,9 +5,10 @@ prefetch (and 20 without), side by side with no offload, in one run.
 
 Random bf16 weights built in CPU RAM (about 15 GB; nothing is downloaded). Each row: the plan
 applied, a 64-token prompt, then ``--tokens`` single-token decode steps timed (median), and
-``torch.cuda.max_memory_allocated`` over the row. Goals (issue 50): VRAM within 10 % of the
-lease the planner would take (gpu/safetensors_info.layer_costs_mb), and with prefetch at 20
-layers at most 2x no offload's per-token time.
+``torch.cuda.max_memory_allocated`` over the row. Goals: VRAM within 10 % of the lease the
+planner would take for that count (gpu/estimate.resident: the other weights and resident
+layers with 20 % for activations, and one staged layer, two with prefetch; the ``VRAM/lease``
+column), and with prefetch at 20 layers at most 2x no offload's per-token time.
 
 Needs CUDA: without it, it says so and measures nothing.
 
@@ -24,13 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model_boss.gpu.safetensors_info import BlockLayout, layer_costs_mb
+from model_boss.gpu.estimate import VramEstimate, resident
+from model_boss.gpu.safetensors_info import BlockLayout
 from workers.transformers.layers import offload_layers
 
 MB = 2**20
 
 
-def build(layers: int, hidden: int):
+def build(layers: int, hidden: int, device: str = "cpu"):
+    """The decoder, its weights in CPU RAM (or on the meta device: shapes alone)."""
     import torch
     from transformers import Qwen2Config, Qwen2Model
 
@@ -41,9 +44,19 @@ def build(layers: int, hidden: int):
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)  # built in bf16: half the RAM of float32
     try:
-        return Qwen2Model(config).eval()
+        with torch.device(device):
+            return Qwen2Model(config).eval()
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def leases(model) -> tuple[BlockLayout, VramEstimate]:
+    """The model's blocks as the safetensors headers would say them, and its whole estimate
+    (weights x 1.2, estimate.from_file's rule)."""
+    blocks = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in model.layers]
+    other = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(blocks)
+    return (BlockLayout("layers", tuple(blocks), other),
+            VramEstimate(int((sum(blocks) + other) * 1.2 / MB) + 1, "file"))
 
 
 def undo(model, plan) -> None:
@@ -92,28 +105,29 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
-        print("layer_offload: no CUDA GPU here; nothing measured (run it on a machine with "
-              "one: the CPU tests cover the wiring, not VRAM or latency)")
-        return
-    model = build(args.layers, args.hidden)
-    blocks = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in model.layers]
-    other = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(blocks)
-    layout = BlockLayout("layers", tuple(blocks), other)
     rows = [("none", None, True)] + [(f"{n}", n, True) for n in (28, 20, 12, 8)
                                      if n < args.layers] + [("20 no prefetch", 20, False)]
+    if not torch.cuda.is_available():
+        layout, whole = leases(build(args.layers, args.hidden, "meta"))
+        print("layer_offload: no CUDA GPU here; nothing measured (run it on a machine with "
+              "one: the CPU tests cover the wiring, not VRAM or latency). The leases the "
+              "planner would take:")
+        print(f"{'gpu layers':<16}{'lease MB':>10}")
+        for name, layers, prefetch in rows:
+            lease = whole.mb if layers is None else resident(whole, layout, layers, prefetch).mb
+            print(f"{name:<16}{lease:>10}")
+        return
+    model = build(args.layers, args.hidden)
+    layout, whole = leases(model)
     base = None
-    print(f"{'gpu layers':<16}{'s/token':>10}{'x none':>8}{'VRAM MB':>10}{'lease MB':>10}")
+    print(f"{'gpu layers':<16}{'s/token':>10}{'x none':>8}{'VRAM MB':>10}{'lease MB':>10}"
+          f"{'VRAM/lease':>12}")
     for name, layers, prefetch in rows:
         result = row(model, layers, prefetch, args.tokens)
         base = base or result["s_per_token"]
-        if layers is None:
-            lease = ""
-        else:
-            per_layer, fixed = layer_costs_mb(layout, prefetch)
-            lease = f"{fixed + layers * per_layer:.0f}"
+        lease = whole.mb if layers is None else resident(whole, layout, layers, prefetch).mb
         print(f"{name:<16}{result['s_per_token']:>10.4f}{result['s_per_token'] / base:>8.2f}"
-              f"{result['vram_mb']:>10}{lease:>10}")
+              f"{result['vram_mb']:>10}{lease:>10}{result['vram_mb'] / lease:>12.2f}")
 
 
 if __name__ == "__main__":
