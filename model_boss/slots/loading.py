@@ -287,9 +287,10 @@ class SlotLoad:
         """A worker that keeps some layers on a GPU and reports holding more VRAM there than
         its lease (the CUDA allocator's figure): the placement at the layers that fit, the
         costs grown by what it holds over what was leased; None when it holds no more (or
-        reports no CUDA figure, as on the CPU)."""
-        if lease is None or placement is None or self.owner.pool.layer_costs(
-                self.owner.slot.entry) is None:
+        reports no CUDA figure, as on the CPU). The transformers worker's report says it; a
+        llama.cpp server's does not (its measure is NVML's, once it is READY)."""
+        if lease is None or placement is None or self._layout() is None \
+                or self.owner.pool.layer_costs(self.owner.slot.entry) is None:
             return None
         report = await backend.report()
         memory = report.get("memory") or {}

@@ -434,3 +434,33 @@ async def test_a_parked_model_comes_back_with_its_plan(tmp_path):
     stopped = [e for e in events if e["type"] == "unloaded"]
     assert "parked with 4 of 8 layers on the GPU, which need 921 MB; leased 800 MB" in \
         stopped[-1]["reason"]
+
+
+@pytest.mark.parametrize(("gpu_mb", "warm", "admitted"), [
+    (1000, False, False),  # not loaded: the planner would place 4 of 8, learned at 5 s
+    (1000, True, False),   # loaded with 4 of 8
+    (4000, False, True),   # room for the whole model: its 0.1 s
+    (4000, True, True),
+])
+async def test_a_budget_weighs_the_time_at_the_layers_placed(tmp_path, gpu_mb, warm, admitted):
+    coord, _ = layered(tmp_path, gpu_mb)
+    async with started_client(coord) as client:  # learned once started (it reads its file)
+        if warm:
+            assert (await client.post("/v1/embeddings", json=embed())).status_code == 200
+        learned = coord.pool.learned
+        learned.models.clear()
+        learned.observe_inference("voice", 0.1)
+        learned.observe_inference("voice", 5.0, layers=4)
+        learned.observe_load("voice", 0.1)
+        answer = await client.post("/v1/embeddings", json={**embed(), "x_budget_s": 2})
+    assert (answer.status_code == 200) is admitted, answer.text
+    if not admitted:
+        assert answer.status_code == 503 and "inference 5.00s" in answer.text
+
+
+async def test_the_time_a_request_took_is_learned_at_its_layers(tmp_path):
+    coord, _ = layered(tmp_path, 1000)
+    code, _, _ = await served(coord)
+    assert code == 200
+    stats = coord.pool.learned.get("voice")
+    assert stats.layers[4].requests == 1 and stats.requests == 0
