@@ -147,11 +147,13 @@ class SlotLoad:
     def _claim_more(self, exc: ModelBossError) -> None:
         """The worker ran out of GPU memory while loading: the lease was too small for it.
         The model's figure grows by a quarter (learned, so later loads claim it too) and the
-        load goes again, making room for the larger claim."""
+        load goes again, making room for the larger claim. (A manifest's count of GPU layers:
+        the figure at that count, the one its estimate reads.)"""
         model_id, before = self.owner.model_id, self.owner.slot.estimate
         old_mb = before.mb if before else 0
         new_mb = max(old_mb + 1, math.ceil(old_mb * OOM_GROWTH))
-        self.owner.pool.learned.observe_vram(model_id, new_mb)
+        self.owner.pool.learned.observe_vram(
+            model_id, new_mb, fixed_layers(self.owner.slot.entry.manifest.gpu_layers))
         self.owner.pool.events.emit("oom_retry", model=model_id, vram_mb=old_mb, to_mb=new_mb,
                                     reason=f"out of memory at {old_mb} MB; retried with "
                                            f"{new_mb} MB", error=exc.message[:300])

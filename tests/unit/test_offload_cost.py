@@ -464,3 +464,18 @@ async def test_the_time_a_request_took_is_learned_at_its_layers(tmp_path):
     assert code == 200
     stats = coord.pool.learned.get("voice")
     assert stats.layers[4].requests == 1 and stats.requests == 0
+
+
+async def test_out_of_memory_at_a_fixed_count_claims_more_at_that_count(tmp_path):
+    """Without allow_partial a manifest's count is kept as written: the load claims a quarter
+    more, learned at that count (the figure its estimate reads), and goes again."""
+    coord, log = layered(tmp_path, 4000, fail_starts=[RuntimeError(OOM)], gpu_layers=5,
+                         allow_partial=False)
+    code, status, events = await served(coord)
+    assert code == 200 and log.count(("start", "voice")) == 2
+    retry = next(e for e in events if e["type"] == "oom_retry")
+    grown = -(-COSTS.mb(5) * 5 // 4)
+    assert (retry["vram_mb"], retry["to_mb"]) == (COSTS.mb(5), grown)
+    assert status["gpus"][0]["leased_mb"] == grown
+    assert coord.pool.learned.measured_vram("voice", 5) == grown
+    assert not [e for e in events if e["type"] == "layers_lowered"]
