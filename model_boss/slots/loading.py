@@ -116,33 +116,38 @@ class SlotLoad:
                                     total_layers=placement.total_layers, gpus=placement.gpus,
                                     reason=log_line)
 
-    async def _fewer_layers(self, placement: Placement | None, lease: Lease | None,
-                            why: str, short_by: float) -> Placement | None:
+    def _fewer_layers(self, placement: Placement | None, lease: Lease | None, why: str,
+                      room: dict[int, int]) -> Placement | None:
         """Once per load, for a model that may keep fewer layers (``allow_partial``) and
-        keeps some on one GPU: ``placement`` at the layers that fit its lease's VRAM when
-        the GPU has ``short_by`` times less than planned for them (and less than the driver
-        says is free there, where it says); None when that is not such a model, or when no
-        count of at least ``min_gpu_layers`` fits."""
+        keeps some on one GPU: ``placement`` at the layers that fit ``room`` (the VRAM its
+        GPU was found to have for it); None when that is not such a model, or when no count
+        of at least ``min_gpu_layers`` fits."""
         s = self.owner.slot
         costs = self.owner.pool.layer_costs(s.entry)
-        if self.lowered or costs is None or placement is None or lease is None \
-                or len(placement.allocations) != 1:
+        if self.lowered or costs is None or placement is None or lease is None:
             return None
         now = layers_on_gpu(placement, s.entry.manifest.gpu_layers)
-        now = costs.total_layers if now < 0 else now
-        room = {gpu: int(mb / short_by) for gpu, mb in lease.allocations.items()}
-        for gpu, free in (await driver_free(self.owner.pool.boss)).items():
-            if gpu in room:
-                room[gpu] = min(room[gpu], free + lease.allocations[gpu])
-        lowered = fewer_layers(placement, now, costs, room, why)
+        lowered = fewer_layers(placement, costs.total_layers if now < 0 else now, costs, room,
+                               why)
         if lowered is None:
             return None
         self.lowered = True
-        self._say_lowered(now, lowered, why)
+        self._say_lowered(costs.total_layers if now < 0 else now, lowered, why)
         if s.estimate is not None:
             s.estimate = placed(s.estimate, lowered, self._layout(),
                                 s.entry.manifest.offload_prefetch)
         return lowered
+
+    async def _room_after_oom(self, lease: Lease) -> dict[int, int]:
+        """What the lease's GPUs have for a worker that ran out of memory in it: a quarter
+        less than the lease (the claim the model would grow by), and no more than the driver
+        says is free there now, its worker gone (where NVML tells)."""
+        boss = self.owner.pool.boss
+        room = {gpu: int(mb / OOM_GROWTH) for gpu, mb in lease.allocations.items()}
+        for gpu, free in (await driver_free(boss)).items():
+            if gpu in room:
+                room[gpu] = min(room[gpu], max(0, free - boss.margin_mb))
+        return room
 
     def _claim_more(self, exc: ModelBossError) -> None:
         """The worker ran out of GPU memory while loading: the lease was too small for it.
@@ -231,9 +236,10 @@ class SlotLoad:
                 backend = await self._start(lease, placement)
             except Exception as exc:
                 said = exc.message if isinstance(exc, ModelBossError) else str(exc)
-                lowered = await self._fewer_layers(
+                lowered = self._fewer_layers(
                     placement, lease, f"out of memory while loading: {said[:200]}",
-                    OOM_GROWTH) if OUT_OF_MEMORY.search(said) else None
+                    await self._room_after_oom(lease)) \
+                    if lease is not None and OUT_OF_MEMORY.search(said) else None
                 if lowered is None:
                     raise
                 backend = await self._restart(lease, lowered)  # once, in the same lease
@@ -300,9 +306,12 @@ class SlotLoad:
         leased = sum(lease.allocations.values())
         if not held or held <= leased:
             return None
-        return await self._fewer_layers(
+        # every cost grown by what it holds over its lease: the lease holds leased²/held of
+        # what was planned
+        return self._fewer_layers(
             placement, lease, f"the worker holds {int(held)} MB of VRAM, its lease "
-                              f"{leased} MB", held / leased)
+                              f"{leased} MB",
+            {gpu: int(mb * leased / held) for gpu, mb in lease.allocations.items()})
 
     async def _onload(self, lease: Lease | None, placement: Placement | None,
                       priority: int) -> None:
