@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import time
@@ -34,6 +35,7 @@ from .slot import SlotState
 if TYPE_CHECKING:
     from .host import SlotOperator
 
+log = logging.getLogger(__name__)
 S = SlotState
 # a worker's words for running out of GPU memory while it loads (llama.cpp, CUDA, torch)
 OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|failed to allocate|"
@@ -111,6 +113,7 @@ class SlotLoad:
     def _say_lowered(self, before: int, placement: Placement, why: str) -> None:
         log_line = (f"{before} layers on the GPU lowered to {placement.gpu_layers} of "
                     f"{placement.total_layers}: {why}")
+        log.warning("%s: %s", self.owner.model_id, log_line)
         self.owner.pool.events.emit("layers_lowered", model=self.owner.model_id,
                                     from_layers=before, to_layers=placement.gpu_layers,
                                     total_layers=placement.total_layers, gpus=placement.gpus,

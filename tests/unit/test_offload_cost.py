@@ -366,10 +366,13 @@ async def test_a_manifests_count_leases_its_resident_layers_and_is_lowered_to_fi
     assert slot_of(status)["vram_estimate"]["mb"] == COSTS.mb(3)
 
 
-async def test_out_of_memory_while_loading_lowers_the_layers_once_in_the_same_lease(tmp_path):
+async def test_out_of_memory_while_loading_lowers_the_layers_once_in_the_same_lease(tmp_path,
+                                                                                 caplog):
     coord, log = layered(tmp_path, 1000, fail_starts=[RuntimeError(OOM)])
     code, status, events = await served(coord)
     assert code == 200, status
+    assert "voice: 4 layers on the GPU lowered to 2 of 8: out of memory while loading" in \
+        caplog.text
     # planned 4 layers in 921 MB; a quarter short, 736 MB hold 2: started again with 2
     assert [entry for entry in log if entry[0] in ("start", "layers")] == [
         ("start", "voice"), ("start", "voice"), ("layers", 2)]
