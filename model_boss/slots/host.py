@@ -12,10 +12,13 @@ from typing import Any, Protocol
 from ..backends.base import InferenceBackend
 from ..catalog import Catalog, CatalogEntry
 from ..events import EventBus
+from ..gpu.boss import GPUBoss
 from ..gpu.estimate import VramEstimate
 from ..gpu.lease import Lease
-from ..gpu.placement import Placement
+from ..gpu.placement import LayerCosts, Placement
 from ..scheduling.learned import LearnedStats
+from ..scheduling.planner import Plan
+from ..slot_key import SlotKey
 from .slot import ModelSlot
 
 
@@ -37,6 +40,9 @@ class SlotOperator(Protocol):
     def model_id(self) -> str: ...
 
     @property
+    def key(self) -> SlotKey: ...
+
+    @property
     def busy(self) -> bool: ...
 
     def worker_exited(self, backend: InferenceBackend, code: int) -> None: ...
@@ -55,6 +61,7 @@ class SlotHost(Protocol):
     catalog: Catalog
     learned: LearnedStats
     cpu_tier: RamBudget
+    boss: GPUBoss
     on_change: Callable[[], None]
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
@@ -62,6 +69,10 @@ class SlotHost(Protocol):
     def estimate(self, entry: CatalogEntry) -> VramEstimate: ...
 
     def footprint_mb(self, slot: ModelSlot) -> int: ...
+
+    def layer_costs(self, entry: CatalogEntry) -> LayerCosts | None: ...
+
+    async def plan(self, key: SlotKey, priority: int) -> Plan: ...
 
     def new_backend(self, entry: CatalogEntry) -> InferenceBackend: ...
 

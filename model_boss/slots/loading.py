@@ -28,6 +28,7 @@ from ..gpu.estimate import placed
 from ..gpu.lease import Lease
 from ..gpu.placement import Placement, fewer_layers, fixed_layers, layers_on_gpu
 from ..gpu.safetensors_info import model_layers
+from ..scheduling.planner import Evict, Fit
 from .progress import LoadProgress
 from .reclaim import driver_free
 from .slot import SlotState
@@ -67,8 +68,9 @@ class SlotLoad:
                 entry = self.owner.pool.catalog.get_available(self.owner.model_id)
                 s.entry = entry  # a reload's new manifest applies from this load on
                 s.estimate = self.owner.pool.estimate(entry)
+                planned = await self._planned(priority)
                 lease, placement = await self.owner.pool.make_room(self.owner, priority)
-                self._placed(placement)
+                self._placed(placement, planned)
                 if s.state == S.OFFLOADED:
                     placement = await self._parked_plan(lease, placement)
                 if s.state == S.OFFLOADED:  # the worker may have died meanwhile: a cold load
@@ -90,9 +92,20 @@ class SlotLoad:
             raise
         self.progress.report("ready")
 
-    def _placed(self, placement: Placement | None) -> None:
+    async def _planned(self, priority: int) -> Placement | None:
+        """For a model that may keep fewer layers (``allow_partial``), not parked: where the
+        planner would place it now, before room is made (make_room plans again when a lease
+        it planned is taken first; this tells whether that cost it layers)."""
+        s = self.owner.slot
+        if s.state == S.OFFLOADED or self.owner.pool.layer_costs(s.entry) is None:
+            return None
+        plan = await self.owner.pool.plan(self.owner.key, priority)
+        return plan.placement if isinstance(plan, Fit | Evict) else None
+
+    def _placed(self, placement: Placement | None, planned: Placement | None) -> None:
         """The slot's estimate as placed: only the resident layers' when only some are on
-        the GPU. A manifest's own count placed lower (less free VRAM than it needs) is said."""
+        the GPU. Fewer layers than the manifest's own count, or than planned (the lease it
+        planned was taken first), is said."""
         s = self.owner.slot
         if s.estimate is None or placement is None or placement.gpu_layers is None:
             return
@@ -102,6 +115,11 @@ class SlotLoad:
         wanted = fixed_layers(manifest.gpu_layers)
         if wanted is not None and placement.gpu_layers < wanted:
             self._say_lowered(wanted, placement, f"less free VRAM than {wanted} layers need")
+        elif planned is not None and planned.gpu_layers is not None \
+                and placement.gpu_layers < planned.gpu_layers:
+            self._say_lowered(planned.gpu_layers, placement,
+                              f"the lease planned for {planned.gpu_layers} layers was taken "
+                              f"before it could be had")
 
     def _layout(self):
         """The model's repeated blocks, for a transformers model (its safetensors headers)."""

@@ -482,3 +482,25 @@ async def test_out_of_memory_at_a_fixed_count_claims_more_at_that_count(tmp_path
     assert status["gpus"][0]["leased_mb"] == grown
     assert coord.pool.learned.measured_vram("voice", 5) == grown
     assert not [e for e in events if e["type"] == "layers_lowered"]
+
+
+async def test_a_lease_taken_first_costs_layers_and_says_so(tmp_path):
+    """Planned at 4 layers; an outside job takes 200 MB of the GPU just before the load's
+    lease: the load goes on with the 3 layers that fit, and says so."""
+    coord, log = layered(tmp_path, 1000)
+    boss, raced = coord.pool.boss, []
+    acquire = boss.acquire
+
+    async def racing(**asked):
+        if asked.get("note") == "voice" and not raced:
+            raced.append(await acquire(kind="training", allocations={0: 200}, note="racer"))
+        return await acquire(**asked)
+
+    boss.acquire = racing
+    code, status, events = await served(coord)
+    assert code == 200 and raced and ("layers", 3) in log
+    lowered = next(e for e in events if e["type"] == "layers_lowered")
+    assert (lowered["from_layers"], lowered["to_layers"]) == (4, 3)
+    assert "the lease planned for 4 layers was taken before it could be had" in \
+        lowered["reason"]
+    assert slot_of(status)["placement"]["gpu_layers"] == 3
