@@ -7,7 +7,8 @@ slot's and the worker still alive. A failure stops whatever was started and rele
 A model that may keep only some of its layers on the GPU (``allow_partial``) and finds less
 VRAM than planned (its worker runs out of memory while it loads, or reports holding more than
 its lease) is started again once, in the same lease, with the layers that fit
-(placement.fewer_layers); a ``layers_lowered`` event and the placement's notes say so.
+(placement.fewer_layers); a ``layers_lowered`` event, a log line and the placement's notes say
+so, as they do when its planned lease was taken first and the planner placed fewer layers.
 """
 
 from __future__ import annotations
