@@ -29,8 +29,8 @@ class VramEstimate:
     whole_mb: int | None = None
 
     def to_dict(self) -> dict:
-        return {"mb": self.mb, "rung": self.rung, "detail": self.detail,
-                "whole_mb": self.whole_mb}
+        whole = {} if self.whole_mb is None else {"whole_mb": self.whole_mb}
+        return {"mb": self.mb, "rung": self.rung, "detail": self.detail, **whole}
 
 
 def _dir_size(path: Path, suffixes: tuple[str, ...]) -> int:
