@@ -369,6 +369,7 @@ function render() {
   renderGpus();
   renderModels();
   renderQueue();
+  renderSessions();
 }
 
 function renderMeta() {
@@ -623,6 +624,20 @@ function renderQueue() {
     ...(rows.length ? rows : [h("tr", {}, h("td", {colspan: 6, class: "empty"}, "Nothing waiting."))]));
 }
 
+/** Open /v1/realtime sessions, where the status document lists them (a server without them
+ * shows no such table). */
+function renderSessions() {
+  const sessions = state.status.realtime_sessions;
+  $("#sessions-box").hidden = !Array.isArray(sessions);
+  if (!Array.isArray(sessions)) return;
+  const rows = sessions.map((s) => h("tr", {"data-session": s.id},
+    h("td", {}, s.id), h("td", {}, s.model), h("td", {}, s.key ?? "—"), h("td", {}, s.priority ?? "—"),
+    h("td", {class: "num"}, typeof s.opened_at === "number" ? fmtDuration(serverNow() - s.opened_at) : "—"),
+    h("td", {class: "num"}, s.turns ?? 0)));
+  $("#session-table tbody").replaceChildren(
+    ...(rows.length ? rows : [h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No open sessions."))]));
+}
+
 function renderEventTypes() {
   const select = $("#event-type");
   const chosen = select.value;
@@ -689,6 +704,7 @@ function tick() {
     if (m) card.querySelector(".keep-alive").textContent = keepAliveText(m);
   }
   renderQueue();
+  renderSessions();
 }
 
 // ---------------------------------------------------------------- theme and start

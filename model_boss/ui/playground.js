@@ -2,10 +2,16 @@
 // /api/v1/tasks) and send it a chat, an image prompt, an audio file or a rerank, through the
 // same public routes and with the same key as any client: the key this page keeps.
 // Chat streams (fetch + ReadableStream over SSE, so the key rides in a header); Stop aborts.
+// Talk holds a spoken conversation with a realtime pipeline (talk.js) until Stop.
 
-const MODES = ["chat", "image", "transcription", "rerank"];
+import {talk} from "/ui/talk.js";
+
+const MODES = ["chat", "image", "transcription", "rerank", "talk"];
 // what a model's category is used for first; the mode can still be changed by hand
-const MODE_OF = {llm: "chat", vision: "chat", diffusion: "image", stt: "transcription", rerank: "rerank"};
+const MODE_OF = {llm: "chat", vision: "chat", diffusion: "image", stt: "transcription", rerank: "rerank",
+  realtime: "talk"};
+// the two buttons' words in each mode (Send's and Stop's)
+const SEND_WORDS = {talk: ["Start talking", "Stop talking"]};
 const TASK_PREFIX = "task:";
 
 /** The error a route answered, in words: its envelope's message, else the status line. */
@@ -83,6 +89,7 @@ export function startPlayground({api, h, $, authHeaders}) {
       fieldset.disabled = off;
     }
     el.section.dataset.mode = el.mode.value;
+    [el.send.textContent, el.stop.textContent] = SEND_WORDS[el.mode.value] ?? ["Send", "Stop"];
   }
 
   // ------------------------------------------------------------ what the panel shows
@@ -243,7 +250,16 @@ export function startPlayground({api, h, $, authHeaders}) {
     showMeta({...served(response), "Documents": documents.length, "Time": `${seconds(t0).toFixed(2)} s`});
   }
 
-  const RUN = {chat, image, transcription, rerank};
+  async function conversation(model) {
+    const bearer = authHeaders().authorization ?? "";
+    await talk(model, bearer.replace(/^Bearer /, ""), controller.signal, {
+      h, output: el.output, warn: showError, facts: showMeta,
+      say: (text) => { el.status.textContent = text; },
+      instructions: $("#pg-talk-instructions").value.trim(),
+      maxTokens: Number($("#pg-talk-max-tokens").value) || undefined});
+  }
+
+  const RUN = {chat, image, transcription, rerank, talk: conversation};
 
   async function send(event) {
     event.preventDefault();
