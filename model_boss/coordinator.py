@@ -26,6 +26,7 @@ from .gpu.lease import LeaseStore
 from .image_files import media_stores
 from .jobs import EmbeddedJobStore, Job, JobManager, RedisJobStore
 from .jobs.runner import Answer, Dispatched, JobRunner, Reported
+from .observability import tracing
 from .observability.history import History, RequestRing
 from .observability.metrics import Metrics
 from .runtime_config import RuntimeConfig, RuntimeValues
@@ -133,14 +134,23 @@ class Coordinator:
 
     def used(self, row: UsageRow) -> None:
         """A finished request's usage: into the ledger (and a cluster's counters), the key's
-        minute and the metrics."""
-        self.usage.record(row)
-        if self.cluster is not None:
-            self.cluster.tenancy.add(row)
-        if row.key:
-            self.key_windows.used(row.key, row.at, row.tokens)
-            self.end_users.used(row.key, row.end_user, row.at, row.tokens)
-        self.metrics.observe_usage(row)
+        minute and the metrics (a ``model_boss.ledger_row`` span where traces are on)."""
+        told = tracing.start_span("model_boss.ledger_row", {
+            "model_boss.ledger.outcome": row.outcome, "http.response.status_code":
+            row.http_status, "model_boss.key": row.key or None,
+            "model_boss.end_user": row.end_user or None,
+            "model_boss.ledger.gpu_seconds": row.gpu_seconds}) if tracing.on() else None
+        try:
+            self.usage.record(row)
+            if self.cluster is not None:
+                self.cluster.tenancy.add(row)
+            if row.key:
+                self.key_windows.used(row.key, row.at, row.tokens)
+                self.end_users.used(row.key, row.end_user, row.at, row.tokens)
+            self.metrics.observe_usage(row)
+        finally:
+            if told is not None:
+                told.end()
 
     def usage_spent(self, key: str, since: float) -> Spent:
         """What ``key`` spent since ``since``: in a cluster, every member's (today's and this

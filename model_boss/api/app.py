@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from ..coordinator import Coordinator
+from ..endpoints import JOBS
 from ..observability import tracing
 from ..services import EDITS, run_job
 from ..services.media.audio import UPLOAD_PATHS
 from ..services.media.sdapi import IMG2IMG
 from ..services.media.videos import VIDEOS
 from ..services.realtime import OpenSessions
+from ..services.request_trace import follow_loads
 from ..settings import Settings, load_settings
 from . import (
     admin,
@@ -77,7 +81,7 @@ def create_app(settings: Settings | None = None, *,
     # /docs and /redoc from the package's own copies of Swagger UI and ReDoc (fastapi-offline),
     # not a CDN: they work on a box with no internet
     app = FastAPIOffline(title="model-boss", version="0.1.0", lifespan=lifespan,
-                         static_url=DOCS_ASSETS, redoc_url=None)
+                         static_url=DOCS_ASSETS, redoc_url=None, **NO_FRAMEWORK_TELEMETRY)
     offline_redoc(app)
     app.state.coordinator = coord
     # open /v1/realtime sessions: a stop's drain ends them first (their models are let go)
@@ -109,9 +113,11 @@ def create_app(settings: Settings | None = None, *,
                        rewrite=ollama.ollama_error_body, json_body=True)
     app.add_middleware(with_cors, origins=coord.settings.cors_origins)
     app.add_middleware(Pacing, busy=lambda: coord.queue.depth > 0)
-    traces = tracing.configure()  # None, and nothing imported, unless OTEL_* turn it on
+    # None, and nothing imported, unless OTEL_* or the tracing: section turn it on
+    traces = tracing.configure(settings=coord.settings.tracing)
     if traces is not None:  # outermost: the request's span covers the edge's checks too
-        app.add_middleware(Traced, inference=queued_paths())
+        app.add_middleware(Traced, inference=queued_paths(), submits=(JOBS, VIDEOS))
+        follow_loads(coord)  # the stages of the loads requests wait for
     routers = [module.router for module in (openai, realtime, media_images, sdapi, videos,
                                             anthropic, llamacpp, ollama, admin, history, pulls,
                                             jobs, leases, tenant_keys, tenant_usage, voices,
@@ -122,6 +128,11 @@ def create_app(settings: Settings | None = None, *,
     return app
 
 
+# FastAPI (0.16x) makes request spans of its own once a tracer provider is set: they would
+# stand beside the edge's (Traced) and take the stages under its operation spans
+NO_FRAMEWORK_TELEMETRY: dict[str, Any] = {"telemetry": {
+    "tracing": False, "metrics": False, "logs": False, "operation_spans": False}} \
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {}
 # pictures, clips and voices sent in: bounded as uploads are (max_upload_bytes), not as JSON
 MEDIA_UPLOADS = frozenset({EDITS, VIDEOS, IMG2IMG, voices.VOICES_PATH})
 

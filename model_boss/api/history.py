@@ -32,6 +32,9 @@ async def requests(request: Request,
                    model: str | None = Query(default=None, description="only this model"),
                    client: str | None = Query(default=None, description="only this client")
                    ) -> dict[str, Any]:
-    """The last finished requests, newest first (no prompt text)."""
-    rows = coordinator_of(request).requests.recent(limit, model or None, client or None)
-    return {"requests": rows}
+    """The last finished requests, newest first (no prompt text); where traces are on, each
+    row's ``trace_id``, and ``trace_url`` (the config's ``tracing.trace_url``: where the
+    dashboard links a trace id, ``{trace_id}`` in it) when set."""
+    coord = coordinator_of(request)
+    rows = coord.requests.recent(limit, model or None, client or None)
+    return {"requests": rows, "trace_url": coord.settings.tracing.trace_url}

@@ -12,7 +12,7 @@ from ..coordinator import Coordinator
 from ..errors import JobNotFound
 from ..jobs import Job
 from ..scheduling.waiting import queue_place
-from ..services import ENDPOINT_BODIES, accept_job, job_key
+from ..services import ENDPOINT_BODIES, accept_job, job_key, submitted
 from ..tenancy.keys import identity_of
 from .context import coordinator_of
 from .errors import OpenAIError, documented
@@ -43,7 +43,7 @@ async def submit_job(request: Request, payload: JobRequest) -> JSONResponse:
     body, client_id = await accept_job(coord, payload.endpoint, payload.body,
                                        request.headers, identity_of(request.scope),
                                        payload.client_id)
-    job = await coord.jobs.submit(payload.endpoint, body, client_id)
+    job = await submitted(coord, payload.endpoint, body, client_id)
     return JSONResponse(job.public(), status_code=202,
                         headers={"location": f"/api/v1/jobs/{job.id}"})
 

@@ -197,9 +197,10 @@ class StreamJobManager(JobManager):
         self._stopping = False
         self._loop: asyncio.Task | None = None
 
-    async def submit(self, endpoint: str, body: dict[str, Any], client_id: str) -> Job:
+    async def submit(self, endpoint: str, body: dict[str, Any], client_id: str, *,
+                     trace: dict[str, str] | None = None) -> Job:
         job = Job(id="job-" + uuid.uuid4().hex[:20], endpoint=endpoint, body=body,
-                  client_id=client_id)
+                  client_id=client_id, trace=trace or {})
         await self.streams.write(job, None)
         await self.streams.add(self.model_of(job), job.id)
         return job

@@ -36,6 +36,9 @@ class Job:
     finished_at: float | None = None
     member: str | None = None  # in a cluster: the member running (or that ran) it
     yields: int = 0  # times it gave its slot back to more important work and waited again
+    # the submit's trace context (traceparent, tracestate) where traces are on: its run,
+    # on whichever member takes it, is linked to it
+    trace: dict[str, str] = field(default_factory=dict)
 
     def public(self, with_body: bool = False) -> dict[str, Any]:
         data = asdict(self)

@@ -35,11 +35,13 @@ class JobManager:
     async def start(self) -> None:
         """Begin taking work (a manager whose jobs wait elsewhere, on a stream, does)."""
 
-    async def submit(self, endpoint: str, body: dict[str, Any], client_id: str) -> Job:
+    async def submit(self, endpoint: str, body: dict[str, Any], client_id: str, *,
+                     trace: dict[str, str] | None = None) -> Job:
+        """Take a job; ``trace`` is its submit's trace context, kept to link its run to."""
         if len(self._tasks) >= self.max_active:
             raise CapacityExceeded("too many active jobs", retry_after_s=10, code="queue_full")
         job = Job(id="job-" + uuid.uuid4().hex[:20], endpoint=endpoint, body=body,
-                  client_id=client_id)
+                  client_id=client_id, trace=trace or {})
         await self.store.put(job, None)
         self._start(job)
         return job

@@ -54,6 +54,7 @@ class QueuedRequest:
     work: float | None = None  # its length as asked (:func:`asked_work`): the wait estimates'
     prefix: tuple[int, ...] = ()  # its prompt's chained block hashes (replica routing)
     session: str | None = None  # what keeps its conversation on one replica
+    trace_id: str = ""  # its trace's id where traces are on (the request log's row shows it)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
                                    .create_future())
 

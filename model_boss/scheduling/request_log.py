@@ -32,6 +32,7 @@ class RowExtras(TypedDict, total=False):
     replica: SlotKey
     route: str | None
     cached_prefix_tokens: int
+    trace_id: str  # its OpenTelemetry trace, where traces are on
 
 
 class RequestLog:
@@ -54,7 +55,7 @@ class RequestLog:
                    extra={"load_wait_s": ticket.load_wait_s, "task": request.task,
                           "rung": request.rung, "endpoint": request.endpoint or None,
                           "prompt": request.prompt, "end_user": request.end_user,
-                          **_replica(ticket)})
+                          "trace_id": request.trace_id, **_replica(ticket)})
 
     def write(self, *, model: str, priority: int, duration: float, size_mb: int,
               client_id: str, ok: bool, submitted_at: float | None = None,

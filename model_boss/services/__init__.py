@@ -3,7 +3,7 @@ arrived (HTTP today, a job tomorrow). Nothing here knows FastAPI or Starlette.""
 
 from .cancel import ClientDisconnected, Departure, unless_disconnected
 from .extensions import Extensions, pop_extensions
-from .jobs import accept_job, job_key, run_job
+from .jobs import accept_job, job_key, run_job, submitted
 from .load_wait import serve_streaming
 from .media.images import EDITS, FILES_PATH, IMAGES, edit_images, generate_images
 from .schemas import (
@@ -50,6 +50,7 @@ __all__ = [
     "parse",
     "pop_extensions",
     "run_job",
+    "submitted",
     "serve",
     "serve_streaming",
     "unless_disconnected",

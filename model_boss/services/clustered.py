@@ -28,6 +28,7 @@ from ..endpoints import (
     SPEECH,
 )
 from ..errors import CapacityExceeded, LoadFailed, ModelBossError, ModelUnavailable, WorkerCrashed
+from ..observability import tracing
 from ..scheduling.queue import QueuedRequest
 from ..slots.drain import SHUTTING_DOWN, ShuttingDown
 from .extensions import Extensions
@@ -127,13 +128,19 @@ async def forward_to(coord: Coordinator, member: MemberRecord, endpoint: str, mo
     heartbeat, and :class:`MemberUnreachable` goes up: nothing was answered yet."""
     cluster = coord.cluster
     assert cluster is not None
-    try:
-        reply = await cluster.forwarder.forward(member, endpoint, body,
-                                                bool(body.get("stream")))
-    except MemberUnreachable as exc:
-        log.warning("%s", exc)
-        cluster.unreachable(member)
-        raise
+    # the member's own spans are this one's children: its request carries it as traceparent
+    with tracing.span("model_boss.forward", {"model_boss.member": member.host_id,
+                                             "url.path": endpoint,
+                                             "gen_ai.request.model": model_id},
+                      client=True) as forwarding:
+        try:
+            reply = await cluster.forwarder.forward(member, endpoint, body,
+                                                    bool(body.get("stream")))
+        except MemberUnreachable as exc:
+            log.warning("%s", exc)
+            cluster.unreachable(member)
+            tracing.failed(forwarding, exc)
+            raise
     headers = {MODEL_HEADER: model_id, MEMBER_HEADER: member.host_id}
     if reply.chunks is None and reply.status >= 400:
         error = member_error(reply.status, reply.body or b"", reply.retry_after)

@@ -23,6 +23,7 @@ from ..endpoints import endpoint_kind
 from ..errors import BadRequest, Forbidden
 from ..jobs import Job
 from ..jobs.runner import Dispatched, Reported
+from ..observability import tracing
 from ..tenancy.keys import Identity, kind_in_scope
 from .accounting import who
 from .extensions import CARRIED_IDENTITY, pop_extensions
@@ -79,6 +80,17 @@ async def accept_job(coord: Coordinator, endpoint: str, body: dict[str, Any],
     return kept, ext.client_id
 
 
+async def submitted(coord: Coordinator, endpoint: str, body: dict[str, Any],
+                    client_id: str) -> Job:
+    """Take the job (checked by :func:`accept_job`), with its submit's span's context kept
+    in it where traces are on: its run, on whichever member takes it, links to it."""
+    with tracing.span("model_boss.job.submit", {"url.path": endpoint}) as submit:
+        job = await coord.jobs.submit(endpoint, body, client_id,
+                                      trace=tracing.context_headers())
+        tracing.annotate({"model_boss.job.id": job.id}, submit)
+    return job
+
+
 def _pictures_checked(coord: Coordinator, request: Any) -> None:
     """The pictures a job brings, checked as its live request's are: a 400 at submission
     for one that is not a picture, not when the job runs."""
@@ -117,6 +129,16 @@ def job_key(job: Job) -> str | None:
 
 async def run_job(coord: Coordinator, job: Job, on_dispatch: Dispatched,
                   report: Reported) -> Served:
+    """Serve the job's request; where traces are on, as a trace of its own whose first span
+    (``model_boss.job.run``) links to the submit's."""
+    with tracing.linked_span("model_boss.job.run", job.trace, {
+            "model_boss.job.id": job.id, "url.path": job.endpoint,
+            "model_boss.job.yields": job.yields}):
+        return await _run(coord, job, on_dispatch, report)
+
+
+async def _run(coord: Coordinator, job: Job, on_dispatch: Dispatched,
+               report: Reported) -> Served:
     body = dict(job.body)
     key, end_user = job_key(job), body.get("x_end_user")
     ext = pop_extensions(body, {}, None)

@@ -30,11 +30,11 @@ from ..errors import (
     WorkerCrashed,
 )
 from ..jobs.runner import Dispatched
-from ..observability import tracing
 from ..scheduling.replicas import cached_prefix_tokens, prompt_blocks, session_of
 from ..scheduling.request import QueuedRequest, SlotTicket, asked_work
 from ..scheduling.request_log import prompt_text
 from ..tenancy.keys import floored_priority
+from . import request_trace
 from .accounting import Who, read_figures, unserved_row, who
 from .cancel import Departure, unless_disconnected
 from .clustered import serve_clustered
@@ -317,25 +317,18 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
                       ext: Extensions, disconnected: Departure | None,
                       on_dispatch: Dispatched | None, dialect: Dialect | None) -> Served:
     manifest = coord.catalog.get_available(queued.model_id).manifest
-    request_span = tracing.current_span()
-    tracing.annotate({"gen_ai.request.model": queued.model_id, "model_boss.key": queued.key,
-                      "model_boss.end_user": queued.end_user,
-                      "model_boss.priority": queued.priority})
+    traced = request_trace.begin(coord, queued)  # None: traces off, no span made
+    waited = traced.waiting(coord.queue.depth) if traced is not None else None
     try:
-        with tracing.span("model_boss.queue_wait", {
-                "model_boss.priority": queued.priority,
-                "model_boss.queue.depth_at_entry": coord.queue.depth}) as waited:
-            ticket: SlotTicket = await unless_disconnected(disconnected,
-                                                           coord.queue.acquire(queued))
-            if waited is not None:
-                waited.set_attribute("model_boss.slot_key", ticket.slot.key)
+        ticket: SlotTicket = await unless_disconnected(disconnected,
+                                                       coord.queue.acquire(queued))
     except BaseException as exc:  # never granted: cancelled, refused or failed in the queue
+        if traced is not None:
+            traced.not_granted(waited, exc)
         coord.used(unserved_row(queued, exc, coord.queue.meter.member))
         raise
-    if ticket.load_wait_s > 0 and request_span is not None:  # the load it waited for
-        tracing.ended_span("model_boss.load", int(queued.submitted_at * 1e9),
-                           int((queued.submitted_at + ticket.load_wait_s) * 1e9),
-                           {"model_boss.slot_key": ticket.slot.key})
+    if traced is not None:
+        traced.granted(ticket, waited)
     headers = {MODEL_HEADER: manifest.id, WAIT_HEADER: str(ticket.waited_s)}
     if manifest.replicas.max > 1:
         headers[REPLICA_HEADER] = ticket.slot.key
@@ -357,9 +350,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         work = (worker_props(backend, manifest.id) if call.endpoint == PROPS
                 else backend.handle_request(call.endpoint, call.body,
                                             bool(call.body.get("stream"))))
-        with tracing.span("model_boss.worker_call", {
-                "model_boss.slot_key": ticket.slot.key, "url.path": call.endpoint,
-                "gen_ai.request.model": manifest.id}, client=True):
+        with traced.calling(call.endpoint, manifest.id) if traced is not None \
+                else request_trace.UNTRACED:
             upstream = await unless_disconnected(disconnected, work)
         if upstream.stream is not None and call.gather is not None:  # a stream taken whole
             upstream = await unless_disconnected(disconnected, call.gather(upstream))
@@ -371,10 +363,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         ticket.status = upstream.status
         if 200 <= upstream.status < 300:
             read_figures(ticket.figures, call.endpoint, call.body, upstream)
-            if request_span is not None and request_span.is_recording():
-                request_span.set_attributes({
-                    "gen_ai.usage.input_tokens": ticket.figures.prompt_tokens,
-                    "gen_ai.usage.output_tokens": ticket.figures.completion_tokens})
+        if traced is not None:
+            traced.whole(upstream.body)
         ticket.release(ok=True)  # the next waiter, granted in this step, is sent on first
         await asyncio.sleep(0)
         answer = upstream.body or b""
@@ -382,7 +372,8 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
             answer = call.answer(answer)
         return Served(upstream.status, headers,
                       upstream.headers.get("content-type", "application/json"), body=answer)
-    chunks = call.chunks(upstream.stream) if call.chunks else upstream.stream
+    stream = upstream.stream if traced is None else traced.chunks(upstream.stream)  # as sent
+    chunks = call.chunks(stream) if call.chunks else stream
     relayed = slot_stream(coord, chunks, ticket, manifest.id,
                           dialect.stream_end if dialect else openai_stream_end)
     return Served(upstream.status, headers,

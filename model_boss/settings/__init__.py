@@ -5,8 +5,8 @@ Relative paths in the YAML file are taken relative to the file's own directory.
 
 Each concern's fields live in a module of their own (``core``, ``catalog``, ``memory``,
 ``cluster``, ``workers``, ``scheduling``, ``replicas``, ``media``, ``tenancy``, ``edge``,
-``prompt_cache``, ``records``); :class:`Settings` inherits them all, so the file and the
-environment stay flat.
+``prompt_cache``, ``records``, ``tracing``); :class:`Settings` inherits them all, so the file
+and the environment stay flat (``tracing`` is the one nested section).
 """
 
 from .catalog import CatalogSettings
@@ -34,6 +34,7 @@ from .tenancy import (
     Seconds,
     TenancySettings,
 )
+from .tracing import TracingSettings
 from .workers import DEFAULT_STAY_WARM_S, PreloadEntry, WorkerSettings
 from .yaml_file import read_yaml_mapping
 
@@ -43,6 +44,6 @@ __all__ = [
     "DeclaredGPU", "EdgeSettings", "EndUserLimits", "EndpointKind", "MediaSettings",
     "MemorySettings", "PreloadEntry",
     "PromptCacheSettings", "QueueSettings", "RecordSettings", "ReplicaSettings", "Seconds",
-    "ServerSettings", "Settings", "TenancySettings", "WorkerSettings",
+    "ServerSettings", "Settings", "TenancySettings", "TracingSettings", "WorkerSettings",
     "describe_validation_error", "load_settings", "read_yaml_mapping",
 ]

@@ -16,6 +16,7 @@ from .records import RecordSettings
 from .replicas import ReplicaSettings
 from .scheduling import QueueSettings
 from .tenancy import TenancySettings
+from .tracing import TracingGroup
 from .workers import WorkerSettings
 from .yaml_file import YamlFileSource
 
@@ -23,7 +24,7 @@ from .yaml_file import YamlFileSource
 # The groups are inherited, not nested: the YAML file stays one flat mapping and every
 # variable keeps its MODEL_BOSS_<FIELD> name. pydantic orders the fields from the last base
 # up, so they are listed last first: the core's fields come first, as in an error's lines.
-class Settings(RecordSettings, PromptCacheSettings, TenancySettings, MediaSettings,
+class Settings(TracingGroup, RecordSettings, PromptCacheSettings, TenancySettings, MediaSettings,
                EdgeSettings, ReplicaSettings, QueueSettings, WorkerSettings, ClusterSettings,
                MemorySettings, CatalogSettings, ServerSettings, BaseSettings):
     """Everything the daemon reads at start; see docs/CONFIGURATION.md."""

@@ -2,7 +2,7 @@
 // inline SVG (VRAM by holder per GPU with marks for loads, evictions and failures; queue
 // depth and wait by priority; tokens/s and requests/s per model; the CPU tier's RAM) and
 // lists the marks in words; the Requests panel lists GET /api/v1/requests and each client's
-// waits.
+// waits, each row's trace id linked to the trace viewer the config names (tracing.trace_url).
 // A server without either route answers 404: the panel says so and the page carries on.
 
 const READ_EVERY_MS = 5000;
@@ -116,7 +116,7 @@ function marksFor(t, marks, height, fmtClock) {
 }
 
 export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
-  const last = {history: null, requests: null, requestsText: null};
+  const last = {history: null, requests: null, requestsText: null, traceUrl: null};
   let reading = false;
   let lastRead = 0;
   let eventTimer = null;
@@ -259,6 +259,16 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
   const requestFilter = () => ({model: $("#request-model").value.trim(),
     client: $("#request-client").value.trim()});
 
+  /** A row's OpenTelemetry trace id (traces on): a link where the server names a trace
+   *  viewer (tracing.trace_url), else the id to copy; its first 8 digits shown, all in title. */
+  function traceCell(r) {
+    if (!r.trace_id) return "—";
+    const short = r.trace_id.slice(0, 8);
+    if (!last.traceUrl) return h("code", {class: "trace-id", title: r.trace_id}, short);
+    return h("a", {class: "trace-id", title: r.trace_id, target: "_blank", rel: "noopener",
+      href: last.traceUrl.replaceAll("{trace_id}", encodeURIComponent(r.trace_id))}, h("code", {}, short));
+  }
+
   function renderRequests(rows, filter) {
     const shown = rows.filter((r) =>
       (!filter.model || String(r.model ?? "").toLowerCase().includes(filter.model.toLowerCase())) &&
@@ -270,9 +280,9 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
       h("td", {}, fmtClock(r.t)), h("td", {}, r.model), h("td", {}, r.client_id ?? "—"),
       h("td", {}, r.priority ?? "—"), h("td", {}, secs(r.queue_wait_s)), h("td", {}, secs(r.load_wait_s)),
       h("td", {}, secs(r.duration_s)), h("td", {}, r.tokens ?? "—"), h("td", {}, r.status ?? "—"),
-      h("td", {}, r.task ? `${r.task} · rung ${r.rung ?? "?"}` : "—")));
+      h("td", {}, r.task ? `${r.task} · rung ${r.rung ?? "?"}` : "—"), h("td", {}, traceCell(r))));
     $("#request-table tbody").replaceChildren(...(body.length ? body
-      : [h("tr", {}, h("td", {colspan: 10, class: "empty"}, "No requests."))]));
+      : [h("tr", {}, h("td", {colspan: 11, class: "empty"}, "No requests."))]));
     renderClientWaits(shown);
   }
 
@@ -312,9 +322,10 @@ export function startTimePanels({api, h, fmtMB, fmtClock, fmtDuration, $}) {
     const query = new URLSearchParams({limit: REQUEST_ROWS, model: filter.model, client: filter.client});
     try {
       const answer = await api("GET", `/api/v1/requests?${query}`);
-      const text = JSON.stringify([answer.requests, filter]);
+      const text = JSON.stringify([answer.requests, answer.trace_url, filter]);
       if (text === last.requestsText) return;  // unchanged: no redraw
       last.requestsText = text;
+      last.traceUrl = answer.trace_url || null;
       last.requests = answer.requests || [];
       renderRequests(last.requests, requestFilter());
     } catch (err) {

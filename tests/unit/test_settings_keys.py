@@ -18,6 +18,7 @@ from model_boss.settings import (
     EndUserLimits,
     PreloadEntry,
     Settings,
+    TracingSettings,
     load_settings,
 )
 
@@ -131,6 +132,9 @@ KEYS = [
     Key("history_step_s", "MODEL_BOSS_HISTORY_STEP_S", "1", 1.0),
     Key("job_result_ttl_s", "MODEL_BOSS_JOB_RESULT_TTL_S", "60", 60.0),
     Key("max_jobs", "MODEL_BOSS_MAX_JOBS", "10", 10),
+    # traces: the one nested section (each of its keys below)
+    Key("tracing", "MODEL_BOSS_TRACING", '{"endpoint": "http://collector:4318"}',
+        {"endpoint": "http://collector:4318"}),
 ]
 
 # what a row needs beside itself to be valid, given as keyword arguments
@@ -169,6 +173,24 @@ END_USER_LIMIT_KEYS = {
     "requests_per_minute": ("30", 30),
     "tokens_per_minute": ("4000", 4000),
     "tokens_per_day": ("90000", 90000),
+}
+
+# the tracing section's keys: tracing.<key> in the file, MODEL_BOSS_TRACING__<KEY> (text,
+# then value); each the config-file form of an OTEL_* variable (docs/CONFIGURATION.md)
+TRACING_KEYS = {
+    "enabled": ("true", True),
+    "endpoint": ("http://collector:4317", "http://collector:4317"),
+    "protocol": ("grpc", "grpc"),
+    "headers": ('{"x-team": "a"}', {"x-team": "a"}),
+    "timeout_s": ("2.5", 2.5),
+    "sampler": ("parentbased_traceidratio", "parentbased_traceidratio"),
+    "sampler_arg": ("0.25", 0.25),
+    "service_name": ("boss-7", "boss-7"),
+    "resource_attributes": ('{"deployment.environment": "lab"}',
+                            {"deployment.environment": "lab"}),
+    "max_queue_size": ("100", 100),
+    "schedule_delay_ms": ("250", 250),
+    "trace_url": ("http://jaeger/trace/{trace_id}", "http://jaeger/trace/{trace_id}"),
 }
 
 # a preload entry's and a declared GPU's keys, set in the file over a valid entry
@@ -218,6 +240,7 @@ def test_the_table_covers_every_setting() -> None:
     assert set(END_USER_LIMIT_KEYS) == set(EndUserLimits.model_fields) == set(END_USER_LIMITS)
     assert set(PRELOAD_KEYS) == set(PreloadEntry.model_fields)
     assert set(GPU_KEYS) == set(DeclaredGPU.model_fields)
+    assert set(TRACING_KEYS) == set(TracingSettings.model_fields)
 
 
 def test_every_value_differs_from_its_default() -> None:
@@ -268,6 +291,17 @@ def test_each_end_user_limit_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     for settings in (from_file, from_environment):
         limits = settings.clients["alice"].end_user_limits
         assert limits is not None and getattr(limits, key) == expected
+
+
+@pytest.mark.parametrize("key", list(TRACING_KEYS))
+def test_each_tracing_key_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                  key: str) -> None:
+    text, expected = TRACING_KEYS[key]
+    from_file = load_settings(config(tmp_path, f"tracing:\n  {key}: {text}\n"))
+    monkeypatch.setenv(f"MODEL_BOSS_TRACING__{key.upper()}", text)
+    from_environment = load_settings()
+    for settings in (from_file, from_environment):
+        assert getattr(settings.tracing, key) == expected
 
 
 @pytest.mark.parametrize("key", list(PRELOAD_KEYS))

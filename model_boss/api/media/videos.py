@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from ...errors import BadRequest, NotFound
 from ...jobs import Job
 from ...jobs.job import FINISHED, JobStatus
-from ...services import VideoRequest, accept_job
+from ...services import VideoRequest, accept_job, submitted
 from ...services.media.forms import VIDEO_FILES
 from ...services.media.videos import VIDEOS, job_id_of, video_object
 from ...tenancy.keys import identity_of
@@ -37,7 +37,7 @@ async def create_video(request: Request) -> JSONResponse:
     fields = await read_body(request, VIDEO_FILES)
     body, client_id = await accept_job(coord, VIDEOS, fields, request.headers,
                                        identity_of(request.scope), None)
-    job = await coord.jobs.submit(VIDEOS, body, client_id)
+    job = await submitted(coord, VIDEOS, body, client_id)
     return JSONResponse(video_object(job, coord.settings.job_result_ttl_s),
                         headers={"location": f"{VIDEOS}/{video_object(job, 0)['id']}"})
 

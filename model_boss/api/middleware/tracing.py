@@ -1,7 +1,8 @@
 """Traced: the server span of each inference request, installed only when tracing is on.
 
 Its parent is the caller's W3C ``traceparent``/``tracestate``; the queue wait, the load and
-the worker call (:mod:`model_boss.services.serving`) are its children. It is outermost, so
+the worker call (:mod:`model_boss.services.request_trace`) are its children. A job's submit
+is traced too: its run links to it. It is outermost, so
 it spans the edge's own checks and the whole answer, a stream's included."""
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ from ...observability import tracing
 
 
 class Traced:
-    def __init__(self, app: ASGIApp, inference: Collection[str]) -> None:
+    """``inference``: the paths whose every request is traced; ``submits``: those traced
+    when a POST (a job's submit, which its run links to)."""
+
+    def __init__(self, app: ASGIApp, inference: Collection[str],
+                 submits: Collection[str] = ()) -> None:
         self.app = app
         self.inference = inference
+        self.submits = submits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path not in self.inference:
+        if scope["type"] != "http" or path not in self.inference and not (
+                path in self.submits and scope.get("method") == "POST"):
             await self.app(scope, receive, send)
             return
         headers = {key.decode("latin-1"): value.decode("latin-1")

@@ -44,6 +44,8 @@ class RequestRing(RequestLog):
         if extra.get("replica") is not None:  # its model runs as replicas: which, and why
             row.update(replica=extra["replica"], route=extra.get("route"),
                        cached_prefix_tokens=extra.get("cached_prefix_tokens"))
+        if extra.get("trace_id"):  # traces are on: the dashboard links it
+            row["trace_id"] = extra["trace_id"]
         if extra.get("prompt") is not None:  # captured: the setting is on
             row["prompt"] = extra["prompt"]
         self._rows.append(row)
