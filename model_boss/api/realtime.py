@@ -98,7 +98,8 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
 
     async def emit(event: dict[str, Any]) -> None:
-        await websocket.send_text(orjson.dumps(event).decode())
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client has gone
+            await websocket.send_text(orjson.dumps(event).decode())
 
     async def hang_up() -> None:
         with contextlib.suppress(Exception):  # closed already

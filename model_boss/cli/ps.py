@@ -69,11 +69,15 @@ def _in(seconds: float) -> str:
 
 def until(slot: dict[str, Any], now: float) -> str:
     """When the model leaves memory if nothing uses it: "Forever" (pinned or kept until
-    evicted), "4 minutes from now", "Stopping..." once due; "-" when not loaded."""
+    evicted), "While 1 session" (open realtime sessions hold it), "4 minutes from now",
+    "Stopping..." once due; "-" when not loaded."""
     if slot.get("tier", "disk") == "disk":
         return "-"
     if slot.get("pinned"):
         return "Forever (pinned)"
+    if slot.get("held_by"):
+        count = len(slot["held_by"])
+        return f"While {count} session{'s' * (count > 1)}"  # open; its end starts the clock
     deadline = slot.get("unload_at")
     if deadline is None:
         return "Forever"
@@ -218,5 +222,23 @@ def render_ps(status: dict[str, Any], now: float) -> str:
                if s.get("adapters")]
     if on_base:
         lines.append("adapters on their base's worker: " + "; ".join(on_base))
-    lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}")
+    sessions = status.get("realtime_sessions") or []
+    if sessions:
+        lines += ["", f"{'REALTIME SESSION':<30}{'PIPELINE':<16}{'KEY':<16}{'PRIORITY':>9}"
+                      f"{'TURNS':>7}  {'OPEN FOR':<12}{'MODELS'}"]
+        for session in sessions:
+            lines.append(f"{session['id'][:29]:<30}{session['model'][:15]:<16}"
+                         f"{(session.get('key') or '-')[:15]:<16}{session['priority']:>9}"
+                         f"{session['turns']:>7}  {_took(now - session['opened_at']):<12}"
+                         f"{', '.join(session['models'])}")
+    lines.append(f"queue depth: {status['queue']['depth']}   leases: {len(status['leases'])}"
+                 f"   realtime sessions: {len(sessions)}")
     return "\n".join(lines)
+
+
+def _took(seconds: float) -> str:
+    """A duration as ``1h02m``, ``3m05s`` or ``12s``."""
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

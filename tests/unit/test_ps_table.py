@@ -90,3 +90,20 @@ def test_adapters_show_on_their_bases_worker():
     assert rows["sql"][0] == rows["poet"][0] == "ready"  # as their base's worker is
     assert rows["sql"][5].split()[0] == rows["loaded-a"][5].split()[0] == "42"  # one process
     assert "adapters on their base's worker: loaded-a (sql, poet)" in text
+
+
+def test_open_realtime_sessions_are_listed_and_the_models_they_hold_stay_while_open():
+    status = _status()
+    status["slots"][0]["held_by"] = ["sess_1"]
+    status["realtime_sessions"] = [
+        {"id": "sess_1", "model": "talk", "key": "alice", "end_user": "", "priority": 3,
+         "opened_at": NOW - 125, "turns": 4, "responding": False,
+         "models": ["whisper", "loaded-a", "voice"]}]
+    text = render_ps(status, NOW)
+    assert _models(text)["loaded-a"][4] == "While 1 session"
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("REALTIME SESSION"))
+    assert lines[header + 1].split() == ["sess_1", "talk", "alice", "3", "4", "2m05s",
+                                         "whisper,", "loaded-a,", "voice"]
+    assert lines[-1].endswith("realtime sessions: 1")
+    assert "REALTIME SESSION" not in render_ps(_status(), NOW)

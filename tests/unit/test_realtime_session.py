@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from model_boss.catalog.manifest import PipelineSpec
-from model_boss.services.extensions import Extensions
 from model_boss.errors import RateLimited
+from model_boss.services.extensions import Extensions
 from model_boss.services.realtime import RealtimeSession, SpeechStarted, calls
 from model_boss.services.realtime.events import TurnDetection
 

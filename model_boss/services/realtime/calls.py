@@ -5,6 +5,7 @@ and one sentence spoken."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,8 @@ async def transcribe(coord: Coordinator, model: str, pcm16: bytes, rate: int,
 async def chat_deltas(coord: Coordinator, model: str, messages: list[dict[str, str]],
                       ext: Extensions, usage: dict[str, Any],
                       max_tokens: int | None = None) -> AsyncIterator[str]:
-    """The chat model's answer, a text delta at a time; its usage is left in ``usage``."""
+    """The chat model's answer, a text delta at a time; its usage is left in ``usage``.
+    Close it (``contextlib.aclosing``) when leaving early: that ends the worker's stream."""
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
                             "stream_options": {"include_usage": True}}
     if max_tokens is not None:
@@ -58,21 +60,24 @@ async def chat_deltas(coord: Coordinator, model: str, messages: list[dict[str, s
         await _whole(served)
         return
     pending = b""
-    async for chunk in served.chunks:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = orjson.loads(line[6:])
-            if "error" in event:
-                error = event["error"]
-                raise ModelBossError(str(error.get("message", "chat failed")),
-                                     code=str(error.get("code") or "upstream_error"))
-            usage.update(event.get("usage") or {})
-            for choice in event.get("choices") or ():
-                if text := (choice.get("delta") or {}).get("content"):
-                    yield text
+    # closed however this ends (an error event, a cancelled answer): the slot goes back now,
+    # not when the stream is collected
+    async with contextlib.aclosing(served.chunks) as chunks:
+        async for chunk in chunks:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = orjson.loads(line[6:])
+                if "error" in event:
+                    error = event["error"]
+                    raise ModelBossError(str(error.get("message", "chat failed")),
+                                         code=str(error.get("code") or "upstream_error"))
+                usage.update(event.get("usage") or {})
+                for choice in event.get("choices") or ():
+                    if text := (choice.get("delta") or {}).get("content"):
+                        yield text
 
 
 def sentences(text: str) -> tuple[list[str], str]:

@@ -315,15 +315,17 @@ class RealtimeSession:
                "content_index": 0}
         messages = self.conversation.messages(self.instructions)
         pending = ""
-        async for delta in calls.chat_deltas(self.coord, self.pipeline.llm, messages,
-                                             replace(self.ext, request_id=f"{response_id}/answer"),
-                                             usage, self.max_tokens):
-            item.text += delta
-            await self.emit(server_event("response.output_audio_transcript.delta", **ids,
-                                         delta=delta))
-            done, pending = calls.sentences(pending + delta)
-            for sentence in done:
-                await self._say(sentence, item, ids)
+        deltas = calls.chat_deltas(self.coord, self.pipeline.llm, messages,
+                                   replace(self.ext, request_id=f"{response_id}/answer"), usage,
+                                   self.max_tokens)
+        async with contextlib.aclosing(deltas):  # a cancelled answer ends the chat's stream
+            async for delta in deltas:
+                item.text += delta
+                await self.emit(server_event("response.output_audio_transcript.delta", **ids,
+                                             delta=delta))
+                done, pending = calls.sentences(pending + delta)
+                for sentence in done:
+                    await self._say(sentence, item, ids)
         if pending.strip():
             await self._say(pending.strip(), item, ids)
         item.text = item.text.strip()
