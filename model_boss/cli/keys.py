@@ -28,7 +28,7 @@ def add_parser(sub: Subparsers) -> None:
     parser.add_argument("--models", help="comma-separated names or globs it may use "
                         "('qwen*'); '' for none; leave out for every model")
     parser.add_argument("--endpoints", help="comma-separated kinds it may call: chat, "
-                                            "embeddings, images, audio, rerank")
+                                            "embeddings, images, video, audio, rerank, realtime")
     parser.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
                         help="it may use the admin API")
     parser.add_argument("--expires-at", help="ISO 8601 (UTC without a zone); 'never' clears")
