@@ -111,8 +111,8 @@ async def test_a_spoken_question_is_answered_in_voice_with_events_in_order(serve
     kinds = [event.type for event in heard]
     assert "error" not in kinds, [e for e in heard if e.type == "error"]
     order = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-             "input_audio_buffer.committed", "response.created",
-             "conversation.item.input_audio_transcription.completed",
+             "input_audio_buffer.committed", "conversation.item.added", "response.created",
+             "conversation.item.input_audio_transcription.completed", "conversation.item.done",
              "response.output_audio.done", "response.output_audio_transcript.done",
              "response.done"]
     firsts = [kinds.index(kind) for kind in order]

@@ -232,9 +232,12 @@ class RealtimeSession:
         audio = self._clear_buffer(upto)
         item_id = item_id or new_id("item")
         self.speech_item = None
+        previous = self._last_item_id()
         await self.emit(server_event("input_audio_buffer.committed", item_id=item_id,
-                                     previous_item_id=self._last_item_id()))
+                                     previous_item_id=previous))
         message = self.conversation.add("user", "", item_id)
+        await self.emit(server_event("conversation.item.added", previous_item_id=previous,
+                                     item=message.item("in_progress")))
         if respond:
             self._start_response(audio, message)
         else:
@@ -253,6 +256,7 @@ class RealtimeSession:
                                      item_id=message.id, content_index=0, delta=text))
         await self.emit(server_event("conversation.item.input_audio_transcription.completed",
                                      item_id=message.id, content_index=0, transcript=text))
+        await self.emit(server_event("conversation.item.done", item=message.item()))
 
     def _start_response(self, audio: bytes | None, heard: Message | None = None) -> None:
         if self.responding:
