@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class JobStatus(StrEnum):
@@ -49,6 +52,16 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
-        data = dict(data)
-        data["status"] = JobStatus(data["status"])
-        return cls(**data)
+        """A stored record; a field this version does not know (written by a newer member, in
+        a cluster upgraded one member at a time) is left out, and said once per field."""
+        known = {name: value for name, value in data.items() if name in _FIELDS}
+        for name in data.keys() - known.keys() - _said_unknown:
+            _said_unknown.add(name)
+            log.warning("jobs: a job record carries %r, a field this version does not know "
+                        "(written by a newer member): ignored", name)
+        known["status"] = JobStatus(known["status"])
+        return cls(**known)
+
+
+_FIELDS = frozenset(f.name for f in fields(Job))
+_said_unknown: set[str] = set()  # the unknown fields said in the log already
