@@ -1,6 +1,7 @@
 """A real coordinator with the standard ``OTEL_*`` variables pointed at an OTLP/HTTP receiver
 in this test (decoded with opentelemetry-proto): a chat request that brings a
-``traceparent`` yields its server span under the caller's span, with the queue wait, the
+``traceparent`` yields its server span under the caller's span, with the edge's key check
+and admission (a refusal's code on the stage that refused), the queue wait, the
 load it waited for (and its stages), the worker call (and llama.cpp's prompt processing and
 generation, from its own timings) and the ledger's row as its children, and the token counts
 on it, a streamed answer's too; the request log's row carries the trace id; a job's run is
@@ -24,6 +25,9 @@ STREAM_TRACE_ID = "5bf92f3577b34da6a3ce929d0e0e4737"
 JOB_TRACE_ID = "6bf92f3577b34da6a3ce929d0e0e4738"
 PARENT_ID = "00f067aa0ba902b7"
 KEY, ADMIN = "tracer-secret-0123456789", "admin-secret-0123456789"
+EMBEDDER_KEY = "embedder-secret-0123456789"  # a key whose scope holds no chat
+REFUSED_TRACE_ID = "abf92f3577b34da6a3ce929d0e0e4739"
+UNSCOPED_TRACE_ID = "bbf92f3577b34da6a3ce929d0e0e473a"
 SECRET_PROMPT = "a secret prompt"
 
 
@@ -36,7 +40,9 @@ def receiver():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_gguf, receiver):
     srv = ServerProcess(tmp_path_factory.mktemp("tracing"),
-                        {"api_keys": {"tracer": KEY}, "admin_api_key": ADMIN},
+                        {"api_keys": {"tracer": KEY, "embedder": EMBEDDER_KEY},
+                         "clients": {"embedder": {"endpoints": ["embeddings"]}},
+                         "admin_api_key": ADMIN},
                         [llama_manifest("smol", demo_gguf)], env=tracing_env(receiver))
     srv.start()
     yield srv
@@ -65,7 +71,8 @@ def spans_named(receiver: Receiver, trace_id: str, names: set[str]) -> dict:
 def no_secrets_in(spans: list) -> None:
     every_value = str([span.attributes for span in spans])
     assert SECRET_PROMPT not in every_value  # no prompt text ever
-    assert KEY not in every_value and ADMIN not in every_value  # nor a key's secret
+    for secret in (KEY, ADMIN, EMBEDDER_KEY, "wrong-secret"):  # nor a key's secret
+        assert secret not in every_value
 
 
 EDGE = "POST /v1/chat/completions"
@@ -78,8 +85,8 @@ def test_a_chat_request_is_one_trace_under_the_callers_span(server, receiver):
                         headers=traced(TRACE_ID), json=chat())
     assert answer.status_code == 200, answer.text
     usage = answer.json()["usage"]
-    children = {"model_boss.queue_wait", "model_boss.load", "model_boss.worker_call",
-                "model_boss.ledger_row"}
+    children = {"model_boss.authenticate", "model_boss.admission", "model_boss.queue_wait",
+                "model_boss.load", "model_boss.worker_call", "model_boss.ledger_row"}
     spans = spans_named(receiver, TRACE_ID, {EDGE, *children, *STAGES, *TIMINGS})
     assert {EDGE, *children, *STAGES, *TIMINGS} <= spans.keys(), sorted(spans)
     edge = spans[EDGE]
@@ -107,7 +114,41 @@ def test_a_chat_request_is_one_trace_under_the_callers_span(server, receiver):
     assert "model_boss.priority" in wait and wait["model_boss.slot_key"] == "smol"
     assert attributes(worker)["llama_cpp.timings.predicted_n"] == usage["completion_tokens"]
     assert attributes(spans["model_boss.ledger_row"])["model_boss.ledger.outcome"] == "ok"
+    for stage in ("model_boss.authenticate", "model_boss.admission"):  # the edge's, in order
+        told = attributes(spans[stage])
+        assert told["model_boss.edge.outcome"] == "allowed", stage
+        assert told["model_boss.key"] == "tracer" and "model_boss.edge.refused_code" not in told
+        assert spans[stage].end_time_unix_nano <= spans["model_boss.queue_wait"] \
+            .start_time_unix_nano
+    assert spans["model_boss.authenticate"].end_time_unix_nano \
+        <= spans["model_boss.admission"].start_time_unix_nano
     no_secrets_in(receiver.of_trace(TRACE_ID))
+
+
+@pytest.mark.parametrize(("trace_id", "key", "refused_by", "status"), [
+    (REFUSED_TRACE_ID, "wrong-secret", "model_boss.authenticate", 401),
+    (UNSCOPED_TRACE_ID, EMBEDDER_KEY, "model_boss.admission", 403)])
+def test_a_request_refused_at_the_edge_says_which_stage_refused_it_and_why(
+        server, receiver, trace_id, key, refused_by, status):
+    answer = httpx.post(server.url + "/v1/chat/completions", timeout=30, json=chat(),
+                        headers={**traced(trace_id), "authorization": f"Bearer {key}"})
+    assert answer.status_code == status, answer.text
+    spans = spans_named(receiver, trace_id, {EDGE, refused_by})
+    assert {EDGE, refused_by} <= spans.keys(), sorted(spans)
+    assert spans[refused_by].parent_span_id == spans[EDGE].span_id
+    told = attributes(spans[refused_by])
+    assert told["model_boss.edge.outcome"] == "refused"
+    assert told["model_boss.edge.refused_code"] == answer.json()["error"]["code"]
+    assert told["http.response.status_code"] == status
+    assert attributes(spans[EDGE])["http.response.status_code"] == status
+    # nothing past the stage that refused it
+    assert not {"model_boss.queue_wait", "model_boss.worker_call"} & spans.keys()
+    if refused_by == "model_boss.admission":  # the key was good: its name, never its secret
+        assert attributes(spans["model_boss.authenticate"])["model_boss.key"] == "embedder"
+        assert told["model_boss.key"] == "embedder"
+    else:
+        assert "model_boss.admission" not in spans
+    no_secrets_in(receiver.of_trace(trace_id))
 
 
 def test_a_streamed_answer_has_its_token_counts_and_its_stream_span(server, receiver):

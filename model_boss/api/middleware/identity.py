@@ -17,11 +17,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...cluster import FORWARDED_HEADER
 from ...coordinator import Coordinator
-from ...errors import BadRequest, Unauthorized
+from ...errors import BadRequest, ModelBossError, Unauthorized
+from ...observability import tracing
 from ...tenancy.keys import Identity, with_identity
 from ..errors import error_response
 from ..ollama import ADMIN_PATHS, is_ollama_path
 from .keys import KeyCheck, check_key, given_key, identity
+from .tracing import edge_stage, told
 
 METRICS_PATH = "/metrics"
 OPEN_PATHS = {"/health", METRICS_PATH}
@@ -37,40 +39,51 @@ class Identify:
     def __init__(self, app: ASGIApp, coordinator: Coordinator) -> None:
         self.app = app
         self.coord = coordinator
+        # built once the app is (tracing is configured by then): off, no span is asked for
+        self.traced = tracing.on()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # a socket's refusal is an HTTP answer
             await self.app(scope, receive, send)
             return
+        if self.traced:  # the check as the request span's child, with its outcome
+            with edge_stage("model_boss.authenticate") as stage:
+                who = self._identify(scope)
+                if isinstance(who, ModelBossError):
+                    told(stage, refused=who)
+                else:
+                    told(stage, who=who)
+        else:
+            who = self._identify(scope)
+        if isinstance(who, ModelBossError):
+            await error_response(who)(scope, receive, send)
+            return
+        await self.app(with_identity(scope, who), receive, send)
+
+    def _identify(self, scope: Scope) -> Identity | ModelBossError:
+        """Who the request is, or why it is refused."""
         headers = Headers(scope=scope)
         keys = self.coord.keys
         path = scope["path"]
         if path == METRICS_PATH and not self._scrape_allowed(headers):
-            await error_response(Unauthorized(
-                "/metrics needs the metrics_api_key (or an admin's key) as its bearer"
-            ))(scope, receive, send)
-            return
+            return Unauthorized(
+                "/metrics needs the metrics_api_key (or an admin's key) as its bearer")
         if FORWARDED_HEADER in headers or not keys.enforced:
-            who = Identity(end_user=headers.get("x-client-id"))
-        elif _open(path):
+            return Identity(end_user=headers.get("x-client-id"))
+        if _open(path):
             # told apart, never refused: a good key is the identity, anything else no one
             checked = check_key(given_key(headers), keys, admin=False)
-            who = identity(checked if checked.allowed else KeyCheck(False), headers)
-        else:
-            # a key's own usage and jobs: with no user key, only an admin reads them
-            checked = check_key(given_key(headers), keys, admin=_admin_path(path) or (
-                not keys.users_enforced and _user_api_path(path)))
-            if not checked.allowed:
-                await error_response(checked.error or Unauthorized(
-                    "missing or invalid API key"))(scope, receive, send)
-                return
-            who = identity(checked, headers)
-            if who.keyed and who.end_user == "":
-                await error_response(BadRequest(
-                    "X-Client-Id: must not be empty (leave the header out)",
-                    param="x_client_id", code="invalid_value"))(scope, receive, send)
-                return
-        await self.app(with_identity(scope, who), receive, send)
+            return identity(checked if checked.allowed else KeyCheck(False), headers)
+        # a key's own usage and jobs: with no user key, only an admin reads them
+        checked = check_key(given_key(headers), keys, admin=_admin_path(path) or (
+            not keys.users_enforced and _user_api_path(path)))
+        if not checked.allowed:
+            return checked.error or Unauthorized("missing or invalid API key")
+        who = identity(checked, headers)
+        if who.keyed and who.end_user == "":
+            return BadRequest("X-Client-Id: must not be empty (leave the header out)",
+                              param="x_client_id", code="invalid_value")
+        return who
 
     def _scrape_allowed(self, headers: Headers) -> bool:
         """``/metrics``: open while ``metrics_api_key`` is unset; else that key or an
