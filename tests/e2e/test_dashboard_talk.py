@@ -130,9 +130,15 @@ def test_a_spoken_question_is_heard_answered_and_played(browser, server):
                                       log.get_attribute("data-queued-samples"))
         expect(page.locator("#pg-meta [data-fact='Turns']")).to_have_text("1")
         expect(page.locator("#pg-error")).to_be_hidden()
+        # the page's own session, under the queue while it is open (the status read again)
+        session = page.locator("#session-table tbody tr[data-session]")
+        expect(session.locator("td")).to_have_text(
+            [re.compile("."), "talk", "talker", re.compile(r"^\d+$"), re.compile("s$"), "1"],
+            timeout=30_000)
         page.click("#pg-stop")
         expect(page.locator("#pg-status")).to_contain_text("Stopped after")
         expect(page.locator("#playground")).to_have_attribute("data-state", "done")
+        expect(session).to_have_count(0, timeout=30_000)
 
         # a wrong key (swapped in as the click is made: the page's other reads would ask
         # for a good one): the socket is refused, and the page says why in the key's words
