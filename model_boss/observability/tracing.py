@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SERVICE", "annotate", "configure", "context_headers", "current_span", "effective",
            "ended_span", "linked_span", "shutdown", "span", "start_server_span", "start_span",
-           "trace_id_of", "use", "wanted", "worker_timings"]
+           "trace_id_of", "use", "wanted"]
 
 log = logging.getLogger(__name__)
 
@@ -357,29 +356,6 @@ def failed(on_span: Span | None, exc: BaseException) -> None:
 
     on_span.set_attribute("error.type", type(exc).__name__)
     on_span.set_status(Status(StatusCode.ERROR))
-
-
-# llama.cpp's own account of an answer: the whole answer's, or a stream's last event's
-_TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
-_TIMING_FIELDS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
-
-
-def worker_timings(data: bytes) -> dict[str, float] | None:
-    """The last ``timings`` object in ``data`` (llama.cpp's prompt processing and generation
-    counts and milliseconds), its numbers only; None when it has none."""
-    if b'"timings"' not in data:
-        return None
-    found = _TIMINGS.findall(data)
-    if not found:
-        return None
-    import orjson
-
-    try:
-        timings = orjson.loads(found[-1])
-    except orjson.JSONDecodeError:
-        return None
-    return {name: float(timings[name]) for name in _TIMING_FIELDS
-            if isinstance(timings.get(name), int | float)}
 
 
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """One request's spans past the edge, where traces are on: the load it waited for (and that
-load's stages), the worker's part (llama.cpp's prompt processing and generation, from its
-own ``timings``), the stream to the client, and the token counts, streamed answers too.
+load's stages), the worker's part (from its own ``timings``: llama.cpp's prompt processing
+and generation, a diffusers worker's denoising steps, a transformers worker's batch;
+:mod:`model_boss.observability.worker_timings`), the stream to the client, and the token
+counts, streamed answers too.
 
 :func:`begin` hands out None when traces are off, or when the request runs outside any trace
 (a realtime session's inner calls): serving then makes no span and pays one ``is None``.
@@ -15,7 +17,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..observability import tracing
+from ..observability import tracing, worker_timings
 from ..observability.load_stages import LoadStages
 
 if TYPE_CHECKING:
@@ -72,7 +74,8 @@ class RequestTrace:
         self.priority = priority
         self.worker: Span | None = None
         self.stream: Span | None = None
-        self.timings: dict[str, float] | None = None
+        self.timings: dict[str, Any] | None = None
+        self.call_ns = 0
         self.last_chunk_ns: int | None = None
         self.ticket: SlotTicket | None = None
 
@@ -125,9 +128,11 @@ class RequestTrace:
         """The call into the worker, current while it is made so the worker's HTTP request
         carries it as ``traceparent``; it ends with the answer (a stream's last chunk)."""
         assert self.ticket is not None
+        self.call_ns = time.time_ns()
         self.worker = tracing.start_span("model_boss.worker_call", {
             "model_boss.slot_key": str(self.ticket.slot.key), "url.path": endpoint,
-            "gen_ai.request.model": model}, parent=self.request_span, client=True)
+            "gen_ai.request.model": model}, parent=self.request_span, start_ns=self.call_ns,
+            client=True)
         try:
             with tracing.use(self.worker):
                 yield
@@ -137,9 +142,9 @@ class RequestTrace:
             raise
 
     def whole(self, body: bytes | None) -> None:
-        """A whole answer came: llama.cpp's timings are read from it."""
+        """A whole answer came: the worker's timings are read from it."""
         self.last_chunk_ns = time.time_ns()
-        self.timings = tracing.worker_timings(body or b"")
+        self.timings = worker_timings.read(body or b"")
 
     async def chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The worker's chunks as it sends them (before a route's dialect rewrites them): the
@@ -152,7 +157,7 @@ class RequestTrace:
                                                      parent=self.request_span)
                 if isinstance(chunk, bytes):
                     self.last_chunk_ns = time.time_ns()
-                    timings = tracing.worker_timings(chunk)
+                    timings = worker_timings.read(chunk)
                     if timings:
                         self.timings = timings
                 yield chunk
@@ -162,8 +167,8 @@ class RequestTrace:
 
     def settled(self) -> None:
         """The slot went back (the answer is whole, or the stream ended): the counts on the
-        request's and the worker's spans, the worker's own timings as child spans, and every
-        span still open ended."""
+        request's and the worker's spans, the worker's own timings as its attributes and child
+        spans, and every span still open ended."""
         ticket = self.ticket
         if ticket is None:
             return
@@ -179,27 +184,9 @@ class RequestTrace:
             self.stream = None
         if self.worker is not None:
             tracing.annotate(usage, self.worker)
-            self._timed(self.worker)
+            worker_timings.tell(self.timings, self.worker, self.call_ns,
+                                self.last_chunk_ns or time.time_ns())
         self._end()
-
-    def _timed(self, worker: Span) -> None:
-        """llama.cpp's prompt processing and generation as the worker call's children: each
-        as long as its own timings say, generation ending with the last chunk."""
-        timings = self.timings
-        if not timings:
-            return
-        tracing.annotate({f"llama_cpp.timings.{name}": value for name, value in timings.items()},
-                         worker)
-        end = self.last_chunk_ns or time.time_ns()
-        generated = int(timings.get("predicted_ms", 0.0) * 1e6)
-        prompt = int(timings.get("prompt_ms", 0.0) * 1e6)
-        tracing.ended_span("llama_cpp.generation", end - generated, end, {
-            "gen_ai.usage.output_tokens": int(timings.get("predicted_n", 0))}, parent=worker)
-        tracing.ended_span("llama_cpp.prompt_processing", end - generated - prompt,
-                           end - generated, {
-                               "gen_ai.usage.input_tokens": int(timings.get("prompt_n", 0)),
-                               "model_boss.cached_tokens": int(timings.get("cache_n", 0))},
-                           parent=worker)
 
     def _end(self) -> None:
         if self.worker is not None:

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from model_boss import trace_context
-from model_boss.observability import tracing
+from model_boss.observability import tracing, worker_timings
 
 
 @pytest.mark.parametrize(("environ", "on"), [
@@ -48,7 +48,7 @@ def test_off_imports_nothing_of_the_sdk_or_the_exporter():
     out = _run("""
         import sys
         from model_boss.api.app import create_app
-        from model_boss.observability import tracing
+        from model_boss.observability import tracing, worker_timings
         assert tracing.configure() is None
         print(sorted(m for m in sys.modules if m.startswith(
             ("opentelemetry.sdk", "opentelemetry.exporter", "opentelemetry.proto"))))
@@ -61,7 +61,7 @@ def test_on_a_worker_call_carries_the_span_and_an_unreachable_collector_fails_no
         import asyncio, threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         from model_boss.backends.upstream import UpstreamClient
-        from model_boss.observability import tracing
+        from model_boss.observability import tracing, worker_timings
 
         seen = {}
         class Handler(BaseHTTPRequestHandler):
@@ -142,13 +142,26 @@ def test_a_bad_tracing_section_names_the_file_and_field(tmp_path, section, field
 def test_worker_timings_are_read_from_a_whole_answer_or_a_streams_last_event():
     whole = (b'{"usage":{"completion_tokens":4},"timings":{"cache_n":0,"prompt_n":31,'
              b'"prompt_ms":266.3,"predicted_n":4,"predicted_ms":55.1,"prompt_per_second":1}}')
-    assert tracing.worker_timings(whole) == {"cache_n": 0.0, "prompt_n": 31.0,
-                                             "prompt_ms": 266.3, "predicted_n": 4.0,
-                                             "predicted_ms": 55.1}
+    assert worker_timings.read(whole) == {"cache_n": 0, "prompt_n": 31, "prompt_ms": 266.3,
+                                          "predicted_n": 4, "predicted_ms": 55.1,
+                                          "prompt_per_second": 1}
     event = b'data: {"choices":[],"timings":{"prompt_n":1,"predicted_n":8}}\n\n'
-    assert tracing.worker_timings(event) == {"prompt_n": 1.0, "predicted_n": 8.0}
-    assert tracing.worker_timings(b'data: {"choices":[{"delta":{"content":"hi"}}]}') is None
-    assert tracing.worker_timings(b'{"timings": {broken}') is None
+    assert worker_timings.read(event) == {"prompt_n": 1, "predicted_n": 8}
+    assert worker_timings.read(b'data: {"choices":[{"delta":{"content":"hi"}}]}') is None
+    assert worker_timings.read(b'{"timings": {broken}') is None
+
+
+def test_a_diffusers_or_transformers_workers_timings_keep_their_numbers_and_lists():
+    picture = (b'{"data":[{"b64_json":"iVBO","revised_prompt":"say \\"timings\\": {}"}],'
+               b'"x_model_boss":{"seed":3,"timings":{"queue_s":0.01,"denoise_s":0.5,'
+               b'"decode_s":0.1,"total_s":0.61,"steps":2,"step_end_s":[0.3,0.5]}}}')
+    assert worker_timings.read(picture) == {"queue_s": 0.01, "denoise_s": 0.5, "decode_s": 0.1,
+                                            "total_s": 0.61, "steps": 2,
+                                            "step_end_s": [0.3, 0.5]}
+    embedded = (b'{"object":"list","data":[],"timings":{"batch_size":5,"batch_requests":2,'
+                b'"batch_wait_ms":1.5,"batch_ms":9.25,"note":"x","flag":true,"mixed":[1,"a"]}}')
+    assert worker_timings.read(embedded) == {"batch_size": 5, "batch_requests": 2,
+                                             "batch_wait_ms": 1.5, "batch_ms": 9.25}
 
 
 def test_load_stages_are_told_from_the_load_progress_events():
@@ -207,7 +220,7 @@ def test_the_config_file_alone_turns_traces_on_over_grpc():
         import grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as rpc
-        from model_boss.observability import tracing
+        from model_boss.observability import tracing, worker_timings
         from model_boss.settings import TracingSettings
 
         got = []

@@ -117,9 +117,10 @@ class Generator:
         self._progress = {"job": self._progress["job"] + 1, "step": 0, "steps": steps,
                           "state": "running", "request_id": ticket.request_id}
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "big")
+        step_ends: list[float] = []  # when each denoising step ended
         try:
             ticket.raise_if_cancelled()  # a cancel that came before the loop
-            pipe, kwargs = self._pipeline(loaded, req, seed, self._on_step(ticket))
+            pipe, kwargs = self._pipeline(loaded, req, seed, self._on_step(ticket, step_ends))
             kwargs.update(reference_kwargs(loaded, req))  # IP-Adapter references, if any
             # the adapter sits in the loaded pipeline's UNet and text encoder, which an edit's
             # pipeline shares; on for this call only, under the weights lock we hold
@@ -150,7 +151,11 @@ class Generator:
             "timings": {"queue_s": round(started - queued, 4),
                         "denoise_s": round(denoised - started, 4),
                         "decode_s": round(finished - denoised, 4),
-                        "total_s": round(finished - queued, 4)},
+                        "total_s": round(finished - queued, 4),
+                        # the steps run, and when each ended, from the start of denoising (the
+                        # first's includes encoding the prompt)
+                        "steps": len(step_ends),
+                        "step_end_s": [round(end - started, 4) for end in step_ends]},
             "memory_decisions": decision.report(free),
         }
 
@@ -182,9 +187,13 @@ class Generator:
             raise
         self._progress["state"] = "done"
 
-    def _on_step(self, ticket: Ticket) -> Any:
+    def _on_step(self, ticket: Ticket, ends: list[float] | None = None) -> Any:
+        """The step callback: counts the steps (and, given ``ends``, notes when each ended)
+        and stops the pipeline once the ticket is cancelled."""
         def on_step(pipe: Any, step: int, _timestep: Any, kwargs: dict) -> dict:
             self._progress["step"] = step + 1
+            if ends is not None:
+                ends.append(time.monotonic())
             if ticket.cancelled:
                 pipe._interrupt = True  # what diffusers documents for stopping early
             return kwargs

@@ -4,6 +4,8 @@
     POST /v1/embeddings   OpenAI's body and answer (embedding task)
     POST /v1/rerank       {query, documents, top_n?, return_documents?} (rerank task; also
                           /rerank): results by relevance, as llama.cpp, Jina and Cohere answer
+                          (an embedding's or rerank's answer carries ``timings``: the batch it
+                          ran in: its items and requests, the request's wait and its run in ms)
     POST /v1/audio/transcriptions, /v1/audio/translations
                           {file: base64, language?, prompt?, temperature?, response_format?,
                           timestamp_granularities?} (stt task): json, text, srt, vtt or
@@ -216,7 +218,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
             raise WorkerError(400, f"dimensions: at most {engine.dimensions} for this model",
                               "invalid_value", "dimensions")
         with admitted(body.request_id) as ticket:
-            embedded = await batcher.submit(texts, ticket)
+            embedded, batch = await batcher.answer(texts, ticket)
         tokens = sum(n for _, n in embedded)
         data = [{"object": "embedding", "index": i,
                  "embedding": _encode(_shorten(v, body.dimensions), body.encoding_format)}
@@ -225,7 +227,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         # every float in Python: most of a small request's time)
         return Response(orjson.dumps({"object": "list", "data": data, "model": body.model or "",
                                       "usage": {"prompt_tokens": tokens,
-                                                "total_tokens": tokens}},
+                                                "total_tokens": tokens},
+                                      "timings": batch},
                                      option=orjson.OPT_SERIALIZE_NUMPY),
                         media_type="application/json")
 
@@ -237,7 +240,7 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
                               "invalid_value",
                               "documents")
         with admitted(body.request_id) as ticket:
-            scored = await batcher.submit([(body.query, d) for d in documents], ticket)
+            scored, batch = await batcher.answer([(body.query, d) for d in documents], ticket)
         scores = [score for score, _ in scored]
         order = sorted(range(len(documents)), key=lambda i: -scores[i])[:body.top_n]
         results = [{"index": i, "relevance_score": scores[i],
@@ -246,7 +249,8 @@ def create_app(engine: Engine, *, shutdown: Callable[[], None] | None = None,
         tokens = sum(n for _, n in scored)
         return {"id": f"rerank-{uuid.uuid4().hex[:16]}", "model": body.model or "",
                 "results": results,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "timings": batch}  # the batch it ran in (batcher.BATCH_FIGURES)
 
     app.post("/v1/rerank")(rerank)
     app.post("/rerank")(rerank)

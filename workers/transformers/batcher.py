@@ -29,7 +29,14 @@ GATHERED: contextvars.ContextVar[bool] = contextvars.ContextVar("gathered", defa
 class _Ask:
     items: Sequence[Any]
     done: asyncio.Future
-    queued_at: float = field(default_factory=time.monotonic)
+    queued_at: float = field(default_factory=time.monotonic)  # a gathered one's: moved back
+    arrived_at: float = field(default_factory=time.monotonic)
+    batch: dict[str, Any] = field(default_factory=dict)  # the batch it ran in (BATCH_FIGURES)
+
+
+# what a request is told of the batch it ran in: the items and requests in it, the request's
+# wait in the queue before it ran, and how long it ran (milliseconds)
+BATCH_FIGURES = ("batch_size", "batch_requests", "batch_wait_ms", "batch_ms")
 
 
 class Batcher:
@@ -55,6 +62,13 @@ class Batcher:
     async def submit(self, items: Sequence[Any], ticket: Ticket | None = None) -> list[Any]:
         """Results for ``items``, in their order. A cancel of ``ticket`` takes the request out
         of the queue (it never runs); in a batch already running, its share is dropped."""
+        results, _batch = await self.answer(items, ticket)
+        return results
+
+    async def answer(self, items: Sequence[Any], ticket: Ticket | None = None,
+                     ) -> tuple[list[Any], dict[str, Any]]:
+        """:meth:`submit`'s results, and the figures of the batch they ran in
+        (:data:`BATCH_FIGURES`)."""
         ask = _Ask(items, asyncio.get_running_loop().create_future())
         if GATHERED.get():  # its wait is over: it runs with what is queued now
             ask.queued_at -= self.max_wait_s
@@ -62,7 +76,7 @@ class Batcher:
             ticket.on_cancel(lambda: ask.done.done() or ask.done.set_exception(
                 Cancelled(ticket.request_id)))
         await self._queue.put(ask)
-        return await ask.done
+        return await ask.done, ask.batch
 
     async def _gather(self) -> list[_Ask]:
         asks = [await self._queue.get()]
@@ -96,6 +110,7 @@ class Batcher:
             items = [item for ask in asks for item in ask.items]
             self.batches += 1
             self.largest = max(self.largest, len(items))
+            began = time.monotonic()
             try:
                 results = await asyncio.to_thread(self.run, items)
             except Exception as exc:
@@ -103,9 +118,13 @@ class Batcher:
                     if not ask.done.done():
                         ask.done.set_exception(exc)
                 continue
+            ran_ms = round((time.monotonic() - began) * 1000, 3)
             start = 0
             for ask in asks:
                 end = start + len(ask.items)
                 if not ask.done.done():
+                    ask.batch.update(zip(BATCH_FIGURES, (
+                        len(items), len(asks), round((began - ask.arrived_at) * 1000, 3),
+                        ran_ms), strict=True))
                     ask.done.set_result(list(results[start:end]))
                 start = end
