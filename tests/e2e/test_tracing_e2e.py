@@ -28,6 +28,7 @@ KEY, ADMIN = "tracer-secret-0123456789", "admin-secret-0123456789"
 EMBEDDER_KEY = "embedder-secret-0123456789"  # a key whose scope holds no chat
 REFUSED_TRACE_ID = "abf92f3577b34da6a3ce929d0e0e4739"
 UNSCOPED_TRACE_ID = "bbf92f3577b34da6a3ce929d0e0e473a"
+UNTRACED_TRACE_ID, AFTER_TRACE_ID = "cbf92f3577b34da6a3ce929d0e0e473b", "d" * 32
 SECRET_PROMPT = "a secret prompt"
 
 
@@ -170,6 +171,21 @@ def test_a_streamed_answer_has_its_token_counts_and_its_stream_span(server, rece
         == on_edge["gen_ai.usage.output_tokens"]
     assert "model_boss.load" not in spans  # warm: nothing waited for
     no_secrets_in(receiver.of_trace(STREAM_TRACE_ID))
+
+
+def test_a_route_not_traced_makes_no_edge_span(server, receiver):
+    listed = httpx.get(server.url + "/v1/models", timeout=30, headers=traced(UNTRACED_TRACE_ID))
+    assert listed.status_code == 200, listed.text
+    # a traced request after it: the exporter sends spans in the order they end, so once this
+    # one's have come, any the listing made would have come too
+    after = httpx.post(server.url + "/v1/chat/completions", timeout=30, json=chat(),
+                       headers={**traced(AFTER_TRACE_ID), "authorization": "Bearer wrong"})
+    assert after.status_code == 401, after.text
+    assert "model_boss.authenticate" in spans_named(receiver, AFTER_TRACE_ID,
+                                                    {EDGE, "model_boss.authenticate"})
+    assert not receiver.of_trace(UNTRACED_TRACE_ID)
+    # nor a trace of its own: every key check is a request span's child
+    assert all(span.parent_span_id for span in receiver.named("model_boss.authenticate"))
 
 
 def test_the_request_log_row_carries_the_trace_id(server):
