@@ -82,6 +82,6 @@ def test_the_routes_and_their_kinds_are_declared_once() -> None:
                      "MESSAGES": "chat", "COUNT_TOKENS": "chat", "EMBEDDINGS": "embeddings",
                      "RERANK": "rerank", "IMAGES": "images", "EDITS": "images",
                      "VIDEOS": "video", "TRANSCRIPTIONS": "audio", "TRANSLATIONS": "audio",
-                     "SPEECH": "audio", "JOBS": "chat"}
+                     "SPEECH": "audio", "JOBS": "chat", "REALTIME": "realtime"}
     assert endpoints.endpoint_kind("/sdapi/v1/txt2img") == "images"
     assert endpoints.endpoint_kind("/api/embed") == "embeddings"
