@@ -6,10 +6,11 @@ Each worker kind says its own part:
 - llama.cpp (a whole answer's ``timings``, a stream's last event's): prompt processing and
   generation, their token counts and milliseconds (``llama_cpp.prompt_processing``,
   ``llama_cpp.generation``), generation ending with the last chunk;
-- the diffusers worker (a picture's ``x_model_boss.timings``): its wait for the weights, the
-  denoising (``diffusers.denoise``, with the steps run) and each step in it
-  (``diffusers.step``: the first's includes encoding the prompt), then the VAE's decode
-  (``diffusers.decode``), laid from the call's start;
+- the diffusers worker (a picture's ``x_model_boss.timings``, a clip's figures header): its
+  wait for the weights, the denoising (``diffusers.denoise``, with the steps run) and each
+  step in it (``diffusers.step``: the first's includes encoding the prompt), then the VAE's
+  decode (``diffusers.decode``) and a clip's MP4 encoding (``diffusers.encode``), laid from
+  the call's start;
 - the transformers worker (an embedding's or rerank's ``timings``): the batch the request ran
   in (``transformers.batch``: its items and requests, the request's wait before it), ending
   as the answer came.
@@ -32,7 +33,7 @@ __all__ = ["read", "tell"]
 
 _TIMINGS = re.compile(rb'"timings"\s*:\s*(\{[^{}]*\})')
 _LLAMA = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
-_DIFFUSERS = ("queue_s", "denoise_s", "decode_s", "total_s")
+_DIFFUSERS = ("queue_s", "denoise_s", "decode_s", "encode_s", "total_s")
 # the transformers worker's figures of a batch (workers/transformers/batcher.BATCH_FIGURES)
 _BATCH = {"batch_size": "model_boss.batch.size", "batch_requests": "model_boss.batch.requests",
           "batch_wait_ms": "model_boss.batch.wait_ms", "batch_ms": "model_boss.batch.ms"}
@@ -110,9 +111,12 @@ def _diffusers(timings: dict[str, Any], worker: Span, began: int, end: int) -> N
         tracing.ended_span("diffusers.step", at(started + previous), at(started + step_end),
                            {"model_boss.diffusion.step": number}, parent=denoise)
         previous = step_end
+    decoded = denoised + float(timings.get("decode_s", 0.0))
     if "decode_s" in timings:
-        tracing.ended_span("diffusers.decode", at(denoised),
-                           at(denoised + float(timings["decode_s"])), parent=worker)
+        tracing.ended_span("diffusers.decode", at(denoised), at(decoded), parent=worker)
+    if "encode_s" in timings:  # a clip's frames into an MP4
+        tracing.ended_span("diffusers.encode", at(decoded),
+                           at(decoded + float(timings["encode_s"])), parent=worker)
 
 
 def _batch(timings: dict[str, Any], worker: Span, end: int) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..backends.diffusers import VIDEO_HEADER
 from ..observability import tracing, worker_timings
 from ..observability.load_stages import LoadStages
 
@@ -141,10 +142,12 @@ class RequestTrace:
             self._end()
             raise
 
-    def whole(self, body: bytes | None) -> None:
-        """A whole answer came: the worker's timings are read from it."""
+    def whole(self, body: bytes | None, headers: Mapping[str, str]) -> None:
+        """A whole answer came: the worker's timings are read from it (a clip's from the
+        header that carries its figures)."""
         self.last_chunk_ns = time.time_ns()
-        self.timings = worker_timings.read(body or b"")
+        figures = headers.get(VIDEO_HEADER)
+        self.timings = worker_timings.read(figures.encode() if figures else body or b"")
 
     async def chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The worker's chunks as it sends them (before a route's dialect rewrites them): the

@@ -364,7 +364,7 @@ async def _serve_here(coord: Coordinator, queued: QueuedRequest, body: dict[str,
         if 200 <= upstream.status < 300:
             read_figures(ticket.figures, call.endpoint, call.body, upstream)
         if traced is not None:
-            traced.whole(upstream.body)
+            traced.whole(upstream.body, upstream.headers)
         ticket.release(ok=True)  # the next waiter, granted in this step, is sent on first
         await asyncio.sleep(0)
         answer = upstream.body or b""

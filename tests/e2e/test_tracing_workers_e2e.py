@@ -1,10 +1,10 @@
 """The worker's part of a trace for the diffusers and transformers workers, through a real
 coordinator exporting to the OTLP/HTTP receiver of the tracing tests: a picture's worker call
 has the denoising (with the steps run, each step its own span) and the decode as its
-children, as the worker's own timings say; an embedding request's has the batch it ran in
-(its items and requests, as the worker's answer says). The models are the suite's tiny
-random-weight ones (a Stable Diffusion pipeline and a BERT embedder, built with
-save_pretrained)."""
+children, as the worker's own timings say, and a clip's (a job's run) its MP4 encoding too;
+an embedding request's has the batch it ran in (its items and requests, as the worker's
+answer says). The models are the suite's tiny random-weight ones (a Stable Diffusion
+pipeline, a Wan video pipeline and a BERT embedder, built with save_pretrained)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import importlib.util
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, wait_for
 from tests.otlp_receiver import Receiver, attributes, tracing_env
 from tests.transformers_fixtures import build_embedder, shared
+from tests.video_fixtures import shared_tiny_video
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.slow,
 
 PARENT_ID = "00f067aa0ba902b7"
 PICTURE_TRACE_ID = "c1f92f3577b34da6a3ce929d0e0e4701"
+CLIP_TRACE_ID = "c2f92f3577b34da6a3ce929d0e0e4702"
 BATCH = 8  # the embedder's batch: four requests of two sentences fill it
 
 
@@ -34,13 +36,15 @@ def served(tmp_path_factory, tiny_sd):
     manifests = [
         {"id": "tiny-sd", "category": "diffusion", "backend": "diffusers",
          "path": str(tiny_sd), "vram_mb": 3000},
+        {"id": "tiny-wan", "category": "video", "backend": "diffusers",
+         "path": str(shared_tiny_video(tmp_path_factory)), "vram_mb": 3000, "fps": 8},
         # a gathering is sent once it holds a whole batch (the quiet wait is long)
         {"id": "embed", "backend": "transformers", "category": "embedding",
          "path": str(embedder), "vram_mb": 1000, "batch_size": BATCH,
          "max_batch_wait_ms": 1000}]
     with Receiver() as receiver:
         srv = ServerProcess(tmp_path_factory.mktemp("tracing-workers"),
-                            {"gpus": [{"index": 0, "name": "sim", "vram_mb": 8192}]},
+                            {"gpus": [{"index": 0, "name": "sim", "vram_mb": 16384}]},
                             manifests, env=tracing_env(receiver))
         srv.start()
         try:
@@ -96,6 +100,44 @@ def test_a_pictures_worker_call_has_its_denoising_steps_and_decode(served):
     assert decode.end_time_unix_nano <= worker.end_time_unix_nano
     assert "a red square" not in str([span.attributes for span in receiver.of_trace(
         PICTURE_TRACE_ID)])  # no prompt text
+
+
+def test_a_clips_worker_call_has_its_steps_decode_and_encoding(served):
+    server, receiver = served
+    made = httpx.post(server.url + "/v1/videos", timeout=60, headers=traced(CLIP_TRACE_ID),
+                      json={"model": "tiny-wan", "prompt": "a red ball", "seconds": 1,
+                            "size": "64x64", "steps": 2, "seed": 5})
+    assert made.status_code == 200, made.text
+    video_id = made.json()["id"]
+
+    def finished() -> dict | None:
+        video = httpx.get(f"{server.url}/v1/videos/{video_id}", timeout=30).json()
+        return video if video["status"] in ("completed", "failed") else None
+
+    video = wait_for(finished, timeout=300)
+    assert video["status"] == "completed", video
+    job_id = video_id.removeprefix("video_")
+
+    def the_run():  # the job's run: a trace of its own, linked to the submit
+        return next((span for span in receiver.named("model_boss.job.run")
+                     if attributes(span).get("model_boss.job.id") == job_id), None)
+
+    run = receiver.wait(the_run)
+    assert run is not None, "no run of the video's job"
+    names = {"model_boss.worker_call", "diffusers.denoise", "diffusers.step",
+             "diffusers.decode", "diffusers.encode"}
+    spans = spans_of(receiver, run.trace_id.hex(), names)
+    assert names <= spans.keys(), sorted(spans)
+    (worker,), (denoise,) = spans["model_boss.worker_call"], spans["diffusers.denoise"]
+    (decode,), (encode,) = spans["diffusers.decode"], spans["diffusers.encode"]
+    assert worker.parent_span_id == run.span_id
+    assert attributes(worker)["model_boss.diffusion.steps"] == 2
+    assert len(spans["diffusers.step"]) == 2
+    assert all(step.parent_span_id == denoise.span_id for step in spans["diffusers.step"])
+    assert denoise.end_time_unix_nano <= decode.start_time_unix_nano \
+        <= decode.end_time_unix_nano <= encode.start_time_unix_nano
+    assert encode.parent_span_id == worker.span_id
+    assert encode.end_time_unix_nano <= worker.end_time_unix_nano
 
 
 def test_an_embedding_requests_worker_call_has_the_batch_it_ran_in(served):

@@ -74,7 +74,9 @@ def test_video_is_an_mp4_of_the_reported_frames_and_size(video_worker):
     frames = _decoded(body)
     assert len(frames) == 9 and {(f.width, f.height) for f in frames} == {(48, 32)}
     timings = body["timings"]
-    assert set(timings) == {"queue_s", "denoise_s", "decode_s", "encode_s", "total_s"}
+    assert set(timings) == {"queue_s", "denoise_s", "decode_s", "encode_s", "total_s",
+                            "steps", "step_end_s"}
+    assert timings["steps"] == len(timings["step_end_s"]) == 2
     assert timings["denoise_s"] > 0 and timings["decode_s"] > 0
     assert timings["total_s"] >= timings["denoise_s"] + timings["decode_s"]
     progress = _progress(video_worker)

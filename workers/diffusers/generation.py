@@ -174,14 +174,16 @@ class Generator:
         return edit.pipe, kwargs
 
     @contextmanager
-    def tracking(self, ticket: Ticket, steps: int) -> Iterator[Any]:
+    def tracking(self, ticket: Ticket, steps: int,
+                 ends: list[float] | None = None) -> Iterator[Any]:
         """``GET /progress`` for one run that brings its own pipeline call (a video's): running
         with ``steps``, then done, or cancelled / failed by what it raised. Yields the step
-        callback, which counts the steps and stops the pipeline once the ticket is cancelled."""
+        callback, which counts the steps (noting when each ended in ``ends``) and stops the
+        pipeline once the ticket is cancelled."""
         self._progress = {"job": self._progress["job"] + 1, "step": 0, "steps": steps,
                           "state": "running", "request_id": ticket.request_id}
         try:
-            yield self._on_step(ticket)
+            yield self._on_step(ticket, ends)
         except BaseException:
             self._progress["state"] = "cancelled" if ticket.cancelled else "failed"
             raise

@@ -156,7 +156,8 @@ class VideoGenerator:
         started = time.monotonic()
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "big")
         last_step = [started]
-        with self.generator.tracking(ticket, req.steps) as count_step:
+        step_ends: list[float] = []  # when each denoising step ended
+        with self.generator.tracking(ticket, req.steps, step_ends) as count_step:
             def on_step(pipe: Any, step: int, timestep: Any, kwargs: dict) -> dict:
                 kwargs = count_step(pipe, step, timestep, kwargs)
                 last_step[0] = time.monotonic()
@@ -191,7 +192,10 @@ class VideoGenerator:
                         "denoise_s": round(last_step[0] - started, 4),
                         "decode_s": round(decoded - last_step[0], 4),
                         "encode_s": round(finished - decoded, 4),
-                        "total_s": round(finished - queued, 4)},
+                        "total_s": round(finished - queued, 4),
+                        # as a picture's: the steps run, each one's end from the start
+                        "steps": len(step_ends),
+                        "step_end_s": [round(end - started, 4) for end in step_ends]},
         }
 
 
