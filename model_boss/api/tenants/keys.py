@@ -22,9 +22,9 @@ KeyName = Annotated[str, Path(min_length=1, max_length=64)]
 
 class KeyChange(BaseModel):
     """What ``PATCH /api/v1/keys/{name}`` may change (a field sent as null is cleared):
-    ``models`` (names or globs), ``endpoints`` (chat, embeddings, images, video, audio, rerank, realtime),
-    ``admin``, ``expires_at`` (ISO 8601), and every limit of a client profile, with
-    ``end_user_limits`` (each end user's under the key)."""
+    ``models`` (names or globs), ``endpoints`` (chat, embeddings, images, video, audio,
+    rerank, realtime), ``admin``, ``expires_at`` (ISO 8601), and every limit of a client
+    profile, with ``end_user_limits`` (each end user's under the key)."""
 
     model_config = ConfigDict(extra="forbid")
 
