@@ -32,14 +32,19 @@ def recording(seconds: float, amplitude: float = 0.3, rate: int = 16000) -> byte
     return out.getvalue()
 
 
-@pytest.fixture
-def model(tmp_path):
-    folder = tmp_path / "vv"
+def vibevoice_folder(folder, voice: str = "alice"):
+    """A folder transformers' config calls VibeVoice, with one reference voice and a file
+    that is none."""
     (folder / "voices").mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "vibevoice"}))
-    (folder / "voices" / "alice.wav").write_bytes(recording(1))
+    (folder / "voices" / f"{voice}.wav").write_bytes(recording(1))
     (folder / "voices" / "notes.txt").write_text("not a voice")
     return folder
+
+
+@pytest.fixture
+def model(tmp_path):
+    return vibevoice_folder(tmp_path / "vv")
 
 
 @pytest.mark.parametrize(("config", "clones"), [

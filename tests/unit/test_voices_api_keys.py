@@ -5,14 +5,13 @@ the model cannot see, add or delete its voices: 404, as if it did not exist), a 
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 from starlette.testclient import TestClient
 
 from model_boss.api.app import create_app
 from tests.unit.fakes import coordinator, manifest
-from tests.unit.test_voice_store import recording
+from tests.unit.test_voice_store import recording, vibevoice_folder
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("av") is None,
                                 reason="PyAV (the 'transformers' extra) decodes recordings")
@@ -20,10 +19,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("av") is None,
 
 @pytest.fixture
 def client(tmp_path):
-    folder = tmp_path / "vv"
-    (folder / "voices").mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"model_type": "vibevoice"}))
-    (folder / "voices" / "narrator.wav").write_bytes(recording(1))
+    folder = vibevoice_folder(tmp_path / "vv", "narrator")
     coord, _ = coordinator(
         tmp_path, [manifest("vv", 1000, category="tts", backend="transformers",
                             path=str(folder)), manifest("chat", 1000)],
