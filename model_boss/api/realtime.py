@@ -93,10 +93,6 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
     except ModelBossError as exc:
         await websocket.send_denial_response(error_response(exc))
         return
-    # a browser offers "realtime" (beside its key): the handshake must name one it offered
-    offered = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
-
     async def emit(event: dict[str, Any]) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client has gone
             await websocket.send_text(orjson.dumps(event).decode())
@@ -107,8 +103,11 @@ async def realtime(websocket: WebSocket, model: str | None = None) -> None:
 
     session = RealtimeSession(coord, str(model), pipeline, ext, emit, gate=gate,
                               hang_up=hang_up)
-    sessions.add(session, ext, priority)
+    sessions.add(session, ext, priority)  # held as planned, with no wait between
     try:
+        # a browser offers "realtime" (beside its key): the handshake must name one it offered
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
         await session.open()
         while True:
             message = await websocket.receive()
