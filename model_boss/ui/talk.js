@@ -56,7 +56,9 @@ class Player {
     }
     source.addEventListener("ended", () => {
       this.sources.delete(source);
-      const heard = Math.round((this.audio.currentTime - at) * RATE);
+      // played to its end, or cut: then what was heard of it by the cut (never started: 0)
+      const heard = source.cutAt === undefined ? samples.length
+        : Math.round((source.cutAt - at) * RATE);
       this.played += Math.max(0, Math.min(samples.length, heard));
       this.onPlayed(this.played);
     });
@@ -68,7 +70,10 @@ class Player {
   /** Stop what plays; the milliseconds of the current item heard up to now. */
   cut() {
     const now = Math.min(this.audio.currentTime, this.until);
-    for (const source of this.sources) source.stop();
+    for (const source of this.sources) {
+      source.cutAt = this.audio.currentTime;
+      source.stop();
+    }
     this.until = this.audio.currentTime;
     return Math.max(0, Math.round((now - this.itemStart) * 1000));
   }
@@ -185,7 +190,7 @@ export async function talk(model, key, signal, ui) {
         if (player.playing && player.item) {  // barge-in: stop the answer where it is
           const heard = player.cut();
           cut.add(player.item);
-          line(player.item, "assistant").dataset.status = "cut";
+          Object.assign(line(player.item, "assistant").dataset, {status: "cut", heardMs: heard});
           send({type: "conversation.item.truncate", item_id: player.item, content_index: 0,
             audio_end_ms: heard});
         }
@@ -231,6 +236,9 @@ export async function talk(model, key, signal, ui) {
         ui.say("Listening… speak, then pause.");
         break;
       }
+      case "conversation.item.truncated":  // the server's word for where the answer was cut
+        line(event.item_id, "assistant").dataset.truncatedMs = event.audio_end_ms;
+        break;
       case "error":
         ui.warn(event.error?.message ?? JSON.stringify(event.error));
         break;

@@ -55,28 +55,40 @@ def server(tmp_path_factory, demo_gguf):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def question(tmp_path_factory):
-    """The fake microphone's recording: a spoken question between silences, played once."""
-    path = tmp_path_factory.mktemp("microphone") / "question.wav"
+def recording(folder, pcm: bytes):
+    """A WAV file for the fake microphone."""
+    path = folder / "microphone.wav"
     with wave.open(str(path), "wb") as wav:
         wav.setnchannels(1)
         wav.setsampwidth(2)
         wav.setframerate(RATE)
-        wav.writeframes(silence(1.0) + spoken("What is the capital of France?")
-                        + silence(8.0))
+        wav.writeframes(pcm)
     return path
 
 
 @pytest.fixture(scope="module")
-def browser(question):
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={question}%noloop",
-            "--autoplay-policy=no-user-gesture-required"])
-        yield chromium
-        chromium.close()
+def playwright():
+    with sync_api.sync_playwright() as running:
+        yield running
+
+
+def microphone_browser(playwright, wav, *, loop: bool = False):
+    """Chromium whose microphone plays ``wav`` once (then silence) or over and over, granted
+    to every page."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}{'' if loop else '%noloop'}",
+        "--autoplay-policy=no-user-gesture-required"])
+
+
+@pytest.fixture(scope="module")
+def browser(playwright, tmp_path_factory):
+    """The microphone asks one question between silences."""
+    wav = recording(tmp_path_factory.mktemp("question"),
+                    silence(1.0) + spoken("What is the capital of France?") + silence(8.0))
+    chromium = microphone_browser(playwright, wav)
+    yield chromium
+    chromium.close()
 
 
 def talk_page(browser, server):
@@ -152,6 +164,38 @@ def test_a_spoken_question_is_heard_answered_and_played(browser, server):
         expect(page.locator("#playground")).to_have_attribute("data-state", "error")
     finally:
         context.close()
+
+
+def test_speech_over_the_answer_cuts_it_where_it_was_heard(playwright, server, tmp_path):
+    """Barge-in: the microphone asks its question again and again, 3 s apart, and the answers
+    run longer than that (up to 200 tokens): once the models are warm, a question comes while
+    an answer plays. The page stops the playback there and tells the server how much of the
+    answer was heard, which the server takes; that answer's later audio is never played."""
+    wav = recording(tmp_path, silence(0.5) + spoken("What is the capital of France?")
+                    + silence(3.0))
+    chromium = microphone_browser(playwright, wav, loop=True)
+    context, page = talk_page(chromium, server)
+    try:
+        page.fill("#pg-talk-max-tokens", "200")
+        page.click("#pg-send")
+        cut = page.locator("#pg-talk-log .pg-answer[data-status='cut']").first
+        expect(cut).to_have_attribute("data-heard-ms", re.compile(r"^[1-9]\d*$"),
+                                      timeout=TURN_MS)
+        # the server took the cut where the page said it was
+        expect(cut).to_have_attribute("data-truncated-ms", cut.get_attribute("data-heard-ms"))
+        log = page.locator("#pg-talk-log")
+        played, queued = (int(log.get_attribute(f"data-{name}-samples"))
+                          for name in ("played", "queued"))
+        assert 0 < played < queued
+        # and the question that cut in is heard
+        expect(page.locator("#pg-talk-log .pg-answer[data-status='cut'] ~ "
+                            ".pg-heard[data-status='done']").first).to_be_visible(
+            timeout=TURN_MS)
+        page.click("#pg-stop")
+        expect(page.locator("#pg-status")).to_contain_text("Stopped after")
+    finally:
+        context.close()
+        chromium.close()
 
 
 def status_with(sessions: list[dict] | None):
