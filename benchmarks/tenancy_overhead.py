@@ -25,7 +25,7 @@ costs through the whole app in one process (``tests/unit/fakes.py``'s worker, an
 client), with no keys, the ledger, a managed key, and a key with every limit, counted by
 valgrind (``cachegrind --cache-sim=no``) for 40 and 240 requests: the difference over 200.
 
-Goal (issue 39): keys, limits and the ledger add ≤ 0.1 ms at p50 and lose no requests/s at
+Goal: keys, limits and the ledger add ≤ 0.1 ms at p50 and lose no requests/s at
 concurrency 32. Loopback only; ends by itself. ``--code DIR`` runs every side from another
 checkout (``git worktree add DIR COMMIT``), ``--keys-code DIR`` only the keyed side, to see
 what a change did.

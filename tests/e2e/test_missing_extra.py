@@ -1,4 +1,4 @@
-"""A model whose extra is not installed, as a new user meets it (issue 49, point 1): with the
+"""A model whose extra is not installed, as a new user meets it: with the
 llama extra alone and a diffusers pipeline (and an embedder) in the models folder, the models
 are listed unavailable naming the extra and its install command, and a request is refused at
 once in each API's envelope, no worker started; a worker that fails anyway fails its load at

@@ -1,4 +1,4 @@
-"""Keys as tenants and the usage ledger against real processes (issue 39, "Done when").
+"""Keys as tenants and the usage ledger against real processes, as it must hold.
 
 1. Three managed keys with different scopes, rates and quotas, driven through the official
    ``openai``, ``anthropic`` and ``ollama`` clients against a coordinator serving the demo
