@@ -59,6 +59,7 @@ class UsageLedger:
         self.written = 0
         self._connect = connect
         self._waiting: deque[UsageRow] = deque()
+        self._writing = 0  # rows a write has taken from _waiting and not yet ended
         self._totals = HourlyTotals()
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
@@ -91,8 +92,8 @@ class UsageLedger:
 
     @property
     def waiting(self) -> int:
-        """Rows recorded and not yet written."""
-        return len(self._waiting)
+        """Rows recorded and not yet written (those a write is taking now among them)."""
+        return len(self._waiting) + self._writing
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -208,6 +209,7 @@ class UsageLedger:
                 return True
             rows = list(self._waiting)
             self._waiting.clear()
+            self._writing = len(rows)
             try:
                 await self._in_writer(self._insert, rows)
             except Exception as exc:  # disk full, locked, unwritable folder: try again later
@@ -219,6 +221,8 @@ class UsageLedger:
                     self._waiting.popleft()
                     self.dropped += 1
                 return False
+            finally:
+                self._writing = 0
             self.written += len(rows)
             return True
 
