@@ -207,15 +207,20 @@ class ModelPool(Replicas):
         owner does it, only if it is idle), wait for the driver to reclaim, re-plan."""
         try:
             for _ in range(MAX_PLAN_ROUNDS):
+                snapshot = await self.snapshot(owner.key)
+                # the demand after the read, and the claim below before the next wait: a
+                # sibling copy planned at the same time sees this one's GPUs and avoids them
                 demand = self.replica_demand(owner, priority)
-                decision = planner.plan(demand, await self.snapshot(owner.key))
+                decision = planner.plan(demand, snapshot)
                 if isinstance(decision, Fit):
                     if decision.placement is None:
                         return None, None
+                    self._claims[owner.key] = dict(decision.placement.allocations)
                     try:
                         lease = await self._acquire(decision.placement, priority,
                                                     owner.key)
                     except LeaseUnavailable:  # taken between the read and the acquire
+                        self._claims.pop(owner.key, None)
                         await asyncio.sleep(0.05)
                         continue
                     return lease, decision.placement
