@@ -189,3 +189,22 @@ async def test_a_model_served_by_its_second_copy_alone_is_ready(tmp_path):
         assert coord.pool.slots[slot_key("m", 2)].state == SlotState.READY
         cards = (await client.get("/v1/models")).json()["data"]
     assert next(c for c in cards if c["id"] == "m")["state"] == "ready"
+
+
+async def test_two_copies_loading_at_once_take_different_gpus(tmp_path):
+    """Both plan while neither holds its lease yet: the first to decide claims its GPU
+    before it waits for the lease, and the other, deciding after its own read, avoids it
+    (both would fit on either GPU)."""
+    coord, _ = coordinator(tmp_path, [manifest("m", 500, replicas=2)],
+                           gpus=[{"index": 0, "name": "sim", "vram_mb": 4000},
+                                 {"index": 1, "name": "sim", "vram_mb": 4000}],
+                           vram_margin_mb=0)
+    async with started_client(coord):
+        first = coord.pool.owner("m")
+        loads = [first.start_load(5)]
+        second = coord.pool.add_replica("m")  # the first is busy loading: a new copy
+        assert second is not first
+        loads.append(second.start_load(5))
+        await asyncio.gather(*loads)
+        gpus = [set(owner.slot.lease.allocations) for owner in (first, second)]
+        assert gpus[0].isdisjoint(gpus[1]), gpus
